@@ -1,0 +1,40 @@
+# asearch developer entry points. Every install step lives here: CI starts from a clean clone.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# Two torch processes with 2 threads each on 2 cores slow each other badly: keep BLAS at one thread
+# unless a command sets its own count.
+export OMP_NUM_THREADS ?= 1
+export MKL_NUM_THREADS ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+export HF_HUB_OFFLINE ?= 1
+export TRANSFORMERS_OFFLINE ?= 1
+
+.PHONY: install demo test test-all bench lint clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# torch first and exactly pinned: 2.13.0 is the CPU build on local disk (a looser pin pulls CUDA).
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[cpu,dev]'
+	touch $@
+
+demo: install
+	$(BIN)/asearch demo
+
+test: install
+	$(BIN)/pytest -q
+
+test-all: install
+	$(BIN)/pytest -q -m ''
+
+bench: install
+	$(BIN)/python bench/retrieval.py
+
+lint: install
+	$(BIN)/ruff check src tests bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache build dist src/*.egg-info

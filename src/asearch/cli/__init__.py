@@ -1,0 +1,1 @@
+"""The `asearch` command line: thin typer commands over the library."""

@@ -1,0 +1,39 @@
+"""Top-level `asearch` app: mounts each command group and turns AsearchError into `Type: message`, exit 1."""
+
+from __future__ import annotations
+
+import typer
+from rich.markup import escape
+
+from asearch import __version__
+from asearch.cli import corpus, index, serve
+from asearch.cli.console import console
+from asearch.errors import AsearchError
+
+app = typer.Typer(
+    name="asearch",
+    help="Train, run and evaluate long-horizon LLM search agents.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.add_typer(corpus.app, name="corpus")
+app.add_typer(index.app, name="index")
+app.command("serve")(serve.serve)
+
+
+@app.command()
+def version() -> None:
+    """Print the asearch version."""
+    print(__version__)
+
+
+def main() -> None:
+    try:
+        app()
+    except AsearchError as e:
+        console.print(f"[red]{type(e).__name__}[/red]: {escape(str(e))}")
+        raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/yellow]")
+        raise SystemExit(130) from None

@@ -1,0 +1,174 @@
+"""Load pydantic config models from YAML plus `a.b=value` overrides, with errors that say where.
+
+Every component config subclasses `Config` (unknown keys are errors). `load_config(Model, path,
+overrides)` reads the YAML, applies overrides, validates, and reports the file, line and nearest
+valid key for any mistake.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from asearch.errors import ConfigError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class Config(BaseModel):
+    """Base for every config model: unknown keys are rejected; values are validated on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
+
+# --------------------------------------------------------------------------- YAML with line numbers
+
+
+class _LineLoader(yaml.SafeLoader):
+    """SafeLoader that remembers the line of every mapping key, keyed by dotted path."""
+
+
+def load_yaml(path: str | Path) -> tuple[dict[str, Any], dict[str, int]]:
+    """Read a YAML mapping; return (data, {dotted.key: 1-based line})."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: config file not found")
+    text = path.read_text()
+    try:
+        node = yaml.compose(text, Loader=_LineLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: invalid YAML: {getattr(e, 'problem', e)}") from None
+    if node is None:
+        return {}, {}
+    if not isinstance(node, yaml.MappingNode):
+        raise ConfigError(f"{path}:{node.start_mark.line + 1}: top level must be a mapping of keys")
+    lines: dict[str, int] = {}
+
+    def walk(n: yaml.Node, prefix: str) -> None:
+        if isinstance(n, yaml.MappingNode):
+            for k, v in n.value:
+                key = f"{prefix}{k.value}"
+                lines[key] = k.start_mark.line + 1
+                walk(v, key + ".")
+
+    walk(node, "")
+    data = yaml.load(text, Loader=yaml.SafeLoader) or {}
+    return data, lines
+
+
+# --------------------------------------------------------------------------- overrides
+
+
+def _parse_value(raw: str) -> Any:
+    """`3` -> 3, `true` -> True, `[a, b]` -> list, `null` -> None, anything else stays a string."""
+    try:
+        return yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        return raw
+
+
+def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """Apply `a.b.c=value` strings to a nested dict (in place) and return it."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key.sub=value")
+        key, raw = item.split("=", 1)
+        parts = key.strip().split(".")
+        if not all(parts):
+            raise ConfigError(f"override {item!r}: empty key segment")
+        node = data
+        for p in parts[:-1]:
+            nxt = node.get(p)
+            if not isinstance(nxt, dict):
+                nxt = {}
+                node[p] = nxt
+            node = nxt
+        node[parts[-1]] = _parse_value(raw)
+    return data
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """Valid field names of the sub-model reached by following `loc` (best effort)."""
+    cur: Any = model
+    for part in loc:
+        if not (isinstance(cur, type) and issubclass(cur, BaseModel)):
+            return []
+        field = cur.model_fields.get(str(part))
+        if field is None:
+            return []
+        cur = field.annotation
+        # unwrap Optional[Model] / Model | None
+        args = getattr(cur, "__args__", None)
+        if args:
+            subs = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+            cur = subs[0] if subs else cur
+    if isinstance(cur, type) and issubclass(cur, BaseModel):
+        return list(cur.model_fields)
+    return []
+
+
+def _explain(model: type[BaseModel], err: ValidationError, source: str, lines: Mapping[str, int]) -> str:
+    msgs = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        dotted = ".".join(str(p) for p in loc)
+        line = lines.get(dotted)
+        where = f"{source}:{line}" if line else source
+        if e["type"] == "extra_forbidden":
+            valid = _fields_at(model, loc[:-1])
+            near = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
+            hint = f"; did you mean {'.'.join([*map(str, loc[:-1]), near[0]])!r}?" if near else ""
+            msgs.append(f"{where}: unknown key {dotted!r}{hint} (valid here: {', '.join(valid)})")
+        else:
+            got = e.get("input")
+            msgs.append(f"{where}: {dotted or '<root>'}: {e['msg']} (got {got!r})")
+    return "\n".join(msgs)
+
+
+def load_config(
+    model: type[M],
+    path: str | Path | None = None,
+    overrides: Iterable[str] = (),
+    *,
+    base: Mapping[str, Any] | None = None,
+) -> M:
+    """Build `model` from optional YAML `path`, then `base` defaults underneath, then `overrides` on top."""
+    data: dict[str, Any] = dict(base or {})
+    lines: dict[str, int] = {}
+    source = "<overrides>"
+    if path is not None:
+        file_data, lines = load_yaml(path)
+        if not isinstance(file_data, dict):
+            raise ConfigError(f"{path}: top level must be a mapping of keys")
+        data = _deep_merge(data, file_data)
+        source = str(path)
+    overrides = list(overrides)
+    apply_overrides(data, overrides)
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_explain(model, e, source, lines)) from None
+
+
+def _deep_merge(a: dict[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def dump_config(cfg: BaseModel, path: str | Path) -> None:
+    """Write the resolved config as YAML (atomically) so every run records what it ran with."""
+    from asearch.files import atomic_write_text
+
+    atomic_write_text(path, yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))

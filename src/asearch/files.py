@@ -1,0 +1,69 @@
+"""File primitives every output path uses: atomic writes, durable jsonl appends, numbered jsonl reads."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from asearch.errors import DataFormatError
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write `data` to `path` so a reader sees either the old file or the new one, never half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+
+
+def append_jsonl(path: str | Path, record: Any) -> None:
+    """Append one record as a single write + fsync: a kill leaves whole lines (a torn tail is skipped on read)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+    with open(path, "ab") as f:
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def iter_jsonl(path: str | Path, *, tolerate_torn_tail: bool = False) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Stream (line_number, object) for each non-blank line in constant memory.
+
+    A bad line raises DataFormatError naming file and line. With `tolerate_torn_tail`, an
+    unparseable final line without its newline (a write cut by a kill) is skipped instead.
+    """
+    path = Path(path)
+    with open(path, "rb") as f:
+        for i, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw)
+            except json.JSONDecodeError as e:
+                if tolerate_torn_tail and not raw.endswith(b"\n"):  # only the last line can lack it
+                    return
+                raise DataFormatError(path, i, None, f"not valid JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(obj, dict):
+                raise DataFormatError(path, i, None, f"expected a JSON object, got {type(obj).__name__}")
+            yield i, obj
