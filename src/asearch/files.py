@@ -5,21 +5,38 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from asearch.errors import DataFormatError
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write `data` to `path` so a reader sees either the old file or the new one, never half."""
+def _new_file_mode(path: Path) -> int:
+    """The mode `open(path, "w")` would give: the existing file's, else 0o666 minus the umask."""
+    try:
+        return path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+@contextmanager
+def atomic_open(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
+    """Stream into a temp file beside `path`; it replaces `path` only if the block succeeds.
+
+    A reader sees the old file or the new one, never half of one; a kill leaves only a dot-temp file.
+    """
+    assert mode in ("w", "wb"), f"atomic_open writes whole files: mode must be 'w' or 'wb', got {mode!r}"
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        os.fchmod(fd, _new_file_mode(path))  # mkstemp makes 0600; outputs should be readable like any file
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -28,12 +45,28 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         raise
 
 
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    with atomic_open(path, "wb") as f:
+        f.write(data)
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+
+
+def write_jsonl(path: str | Path, records: Iterable[Any]) -> int:
+    """Stream `records` into `path` atomically (one JSON object per line); return how many were written."""
+    n = 0
+    with atomic_open(path) as f:
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False))
+            f.write("\n")
+            n += 1
+    return n
 
 
 def append_jsonl(path: str | Path, record: Any) -> None:

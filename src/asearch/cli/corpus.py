@@ -1,5 +1,178 @@
-"""`asearch corpus ...` commands."""
+"""`asearch corpus info|export|show`: inspect a corpus, write it out as jsonl, print one page."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
 
 import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 
-app = typer.Typer(help="corpus commands", no_args_is_help=True)
+from asearch.cli.console import console, progress
+from asearch.corpus import CORPUS_SPEC_HELP, ChunkConfig, ChunkStats, iter_passages, open_corpus, write_jsonl
+from asearch.corpus.types import CorpusSource, Page
+from asearch.errors import AsearchError, ConfigError
+
+app = typer.Typer(help="Inspect, export and browse corpora.", no_args_is_help=True)
+
+stdout = Console()
+T = TypeVar("T")
+
+SpecArg = Annotated[str, typer.Argument(help=CORPUS_SPEC_HELP[0].upper() + CORPUS_SPEC_HELP[1:] + ".")]
+WordsOpt = Annotated[int, typer.Option("--words", help="Words per passage.")]
+OverlapOpt = Annotated[int, typer.Option("--overlap", help="Words repeated from the previous passage.")]
+
+
+def _chunk_config(words: int, overlap: int) -> ChunkConfig:
+    try:
+        return ChunkConfig(words=words, overlap=overlap)
+    except ValidationError as e:
+        problems = [
+            f"--{err['loc'][0]}: {err['msg']} (got {err['input']!r})"
+            if err["loc"]
+            else err["msg"].removeprefix("Value error, ")
+            for err in e.errors()
+        ]
+        raise ConfigError(f"chunking: {'; '.join(problems)}") from None
+
+
+def _counted(items: Iterable[T], description: str, total: int | None) -> Iterator[T]:
+    """Yield `items` while a progress bar counts them (on stderr)."""
+    with progress(transient=True) as bar:
+        task = bar.add_task(description, total=total, rate="")
+        n = 0
+        for n, item in enumerate(items, start=1):  # noqa: B007 (n is read after the loop)
+            yield item
+            if n % 512 == 0:
+                bar.update(task, completed=n)
+        bar.update(task, completed=n, total=n)
+
+
+def _size_hint(source: CorpusSource) -> int | None:
+    return len(source) if hasattr(source, "__len__") else None  # type: ignore[arg-type]
+
+
+def corpus_info(source: CorpusSource, cfg: ChunkConfig) -> dict[str, Any]:
+    """Counts over one pass of documents (+ chunking) and one pass of pages."""
+    stats = ChunkStats()
+    for _ in _counted(iter_passages(source, cfg, stats), "documents -> passages", None):
+        pass
+    pages = page_chars = 0
+    for page in _counted(source.pages(), "pages", _size_hint(source)):
+        pages += 1
+        page_chars += len(page.contents)
+    info: dict[str, Any] = {
+        "corpus": source.name,
+        "documents": stats.documents,
+        "passages": stats.passages,
+        "chunking": cfg.model_dump(),
+        "words": stats.words,
+        "empty_documents": stats.empty_documents,
+        "pages": pages,
+        "page_chars": page_chars,
+        "fingerprint": source.fingerprint(),
+    }
+    for key in ("license", "attribution"):
+        if getattr(source, key, None):
+            info[key] = getattr(source, key)
+    return info
+
+
+@app.command()
+def info(
+    spec: SpecArg,
+    words: WordsOpt = ChunkConfig().words,
+    overlap: OverlapOpt = ChunkConfig().overlap,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object instead of a table.")
+    ] = False,
+) -> None:
+    """Count documents, passages (at the given chunking), words and pages; print the fingerprint and licence."""
+    cfg = _chunk_config(words, overlap)
+    result = corpus_info(open_corpus(spec), cfg)
+    if as_json:
+        print(json.dumps(result, ensure_ascii=False))
+        return
+    table = Table(show_header=False, box=None)
+    for key, value in result.items():
+        shown = f"{value:,}" if isinstance(value, int) else str(value)
+        table.add_row(f"[bold]{key}[/bold]", escape(shown))
+    stdout.print(table)
+
+
+def _records(source: CorpusSource, what: str, cfg: ChunkConfig) -> Iterator[dict[str, Any]]:
+    if what == "passages":
+        for p in iter_passages(source, cfg):
+            yield {"id": p.id, "contents": p.contents, "url": p.url, "title": p.title}
+    elif what == "pages":
+        for page in source.pages():
+            yield {"url": page.url, "title": page.title, "contents": page.contents}
+    else:
+        for d in source.documents():
+            yield {"id": d.id, "title": d.title, "text": d.text, "url": d.url}
+
+
+@app.command()
+def export(
+    spec: SpecArg,
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Output jsonl file (written atomically).", dir_okay=False)
+    ],
+    what: Annotated[
+        Literal["passages", "pages", "documents"],
+        typer.Option(
+            "--what",
+            help='passages: {"id","contents","url","title"} (wiki-18 shape); pages: {"url","title","contents"}; '
+            'documents: {"id","title","text","url"}.',
+        ),
+    ] = "passages",
+    words: WordsOpt = ChunkConfig().words,
+    overlap: OverlapOpt = ChunkConfig().overlap,
+) -> None:
+    """Write a corpus as jsonl (passages, pages or documents) and print how many records were written."""
+    cfg = _chunk_config(words, overlap)
+    source = open_corpus(spec)
+    total = _size_hint(source) if what != "passages" else None
+    n = write_jsonl(out, _counted(_records(source, what, cfg), f"export {what}", total))
+    stdout.print(f"wrote {n:,} {what} of {escape(source.name)} to {escape(str(out))}")
+    if getattr(source, "attribution", None):
+        console.print(f"[dim]{escape(source.attribution)}[/dim]")  # type: ignore[attr-defined]
+
+
+def find_page(source: CorpusSource, query: str) -> Page:
+    """The page whose url equals `query`, else whose title equals it, else the one whose title equals it ignoring case."""
+    from asearch.corpus.wiki10k import title_from_wiki_url
+
+    query = query.strip()
+    wanted_title = title_from_wiki_url(query) or query
+    folded = wanted_title.casefold()
+    caseless: Page | None = None
+    near: list[str] = []
+    for page in source.pages():
+        if page.url == query or page.title == wanted_title:
+            return page
+        title = page.title.casefold()
+        if caseless is None and title == folded:
+            caseless = page
+        elif len(near) < 8 and folded in title:
+            near.append(page.title)
+    if caseless is not None:
+        return caseless
+    hint = f"; titles containing it: {', '.join(near)}" if near else ""
+    raise AsearchError(f"no page of {source.name!r} has url or title {query!r}{hint}")
+
+
+@app.command()
+def show(
+    spec: SpecArg,
+    query: Annotated[str, typer.Argument(help="A page url or title (exact, else case-insensitive).")],
+) -> None:
+    """Print the page whose url or title matches QUERY."""
+    page = find_page(open_corpus(spec), query)
+    stdout.print(f"[bold]{escape(page.title)}[/bold]  [dim]{escape(page.url)}[/dim]\n")
+    print(page.contents)

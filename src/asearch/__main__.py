@@ -1,0 +1,5 @@
+"""`python -m asearch` runs the CLI."""
+
+from asearch.cli.app import main
+
+main()

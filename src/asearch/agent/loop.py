@@ -1,0 +1,268 @@
+"""The agent loop: alternate LLM turns and tool calls for one question until an answer or a limit.
+
+Reads top to bottom: pick the turn kind (act, or read a pending result block) -> build the prompt ->
+generate -> parse -> run the tool -> queue its blocks for reading. Every token the model saw is
+recorded exactly as sent (no re-tokenisation between turns), with loss mask, log-probs and versions.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from pydantic import Field, model_validator
+
+from asearch.agent.parsing import parse_action
+from asearch.agent.styles import AgentStyle, get_style
+from asearch.agent.trajectory import Segment, Trajectory, Turn
+from asearch.config import Config
+from asearch.engine.types import Engine, GenerateRequest, GenerateResponse, SamplingParams
+from asearch.tools import Tool, run_tool
+
+
+class AgentConfig(Config):
+    """Limits and sampling for one episode."""
+
+    style: str = Field("asearcher", description="asearcher | reasoning | search-r1")
+    style_options: dict[str, Any] = Field(default_factory=dict, description="Overrides of the style's fields.")
+    max_turns: int = Field(32, ge=1, description="LLM calls per episode, reading turns included (128+ works).")
+    max_context_tokens: int = Field(8192, ge=16, description="Prompt + new tokens of one call; beyond it: finish.")
+    max_new_tokens: int = Field(512, ge=1, description="New tokens per LLM call.")
+    temperature: float = Field(1.0, ge=0.0, description="0 = greedy.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0, description="0 = disabled.")
+    tool_timeout_s: float = Field(60.0, gt=0, description="A slower tool call becomes an error observation.")
+
+    @model_validator(mode="after")
+    def _style_exists(self) -> AgentConfig:
+        self.resolved_style()  # raise early on an unknown style or option
+        return self
+
+    def resolved_style(self) -> AgentStyle:
+        base = get_style(self.style)
+        return AgentStyle.model_validate({**base.model_dump(), **self.style_options}) if self.style_options else base
+
+
+class Tokenizer(Protocol):
+    """The part of a HF tokenizer the loop uses."""
+
+    eos_token_id: int | None
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+
+
+async def run_episode(
+    engine: Engine,
+    tokenizer: Tokenizer,
+    tools: Mapping[str, Tool],
+    question: str,
+    cfg: AgentConfig,
+    *,
+    trajectory_id: str | None = None,
+    seed: int | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> Trajectory:
+    """Run one search episode. Never raises for model or tool mistakes: they are counted in the record."""
+    style = cfg.resolved_style()
+    traj = Trajectory(id=trajectory_id or uuid.uuid4().hex, question=question, style=style.name)
+    traj.metadata.update(metadata or {})
+    ctx = _Context(style, tokenizer, question, traj)
+    stop_ids = _stop_token_ids(tokenizer)
+    pending_blocks: list[str] = []  # tool output waiting for a reading turn each
+    actions_done = 0
+    t_start = time.perf_counter()
+
+    while True:
+        if traj.num_turns >= cfg.max_turns:
+            traj.finish = "max_turns"
+            break
+
+        # -- 1. what kind of turn, and what the model is told right before it
+        if pending_blocks:
+            kind, allowed = "read", ()
+            suffix = style.observation_template.format(text=pending_blocks.pop(0)) + style.read_open
+            stop = [style.read_close]
+        else:
+            kind = "act"
+            forced = style.force_answer_after is not None and actions_done >= style.force_answer_after
+            allowed = ("answer",) if forced else style.actions
+            suffix = style.force_answer_note if forced else ""
+            stop = [f"</{a}>" for a in allowed]
+
+        # -- 2. generate under the context budget
+        prompt_ids = ctx.begin_call(suffix, compactable=kind == "read")
+        budget = min(cfg.max_new_tokens, cfg.max_context_tokens - len(prompt_ids))
+        if budget < 1:
+            traj.finish = "max_tokens"
+            break
+        sampling = SamplingParams(
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            max_new_tokens=budget,
+            stop=stop,
+            stop_token_ids=stop_ids,
+            seed=None if seed is None else seed * 1_000_003 + traj.num_turns,
+        )
+        t0 = time.perf_counter()
+        resp = await engine.generate(GenerateRequest(input_ids=prompt_ids, sampling=sampling, trajectory_id=traj.id))
+        text = ctx.end_call(resp)
+        turn = Turn(
+            kind=kind,
+            output_text=text,
+            stop_reason=resp.stop_reason,
+            prompt_tokens=len(prompt_ids),
+            output_tokens=resp.output_len,
+            versions=(min(resp.output_versions, default=-1), max(resp.output_versions, default=-1)),
+            llm_latency_s=time.perf_counter() - t0,
+            segment=len(traj.segments) - 1,
+        )
+        traj.turns.append(turn)
+        if resp.stop_reason == "abort":
+            traj.finish = "abort"
+            break
+
+        # -- 3. a reading turn only leaves its summary behind
+        if kind == "read":
+            traj.count("read_turns")
+            ctx.note(style.read_open + text)
+            ctx.compact_last_block()
+            continue
+
+        # -- 4. parse the action; a malformed turn gets a correction, never a crash
+        action = parse_action(text, allowed)
+        turn.action, turn.argument = action.kind, action.argument or None
+        if action.error:
+            turn.parse_error = action.error
+            traj.count("parse_errors")
+            turn.observation = style.correction_template.format(error=action.error)
+            ctx.observe(turn.observation)
+            continue
+        if action.kind == "answer":
+            traj.answer = action.argument
+            traj.finish = "answer"
+            break
+
+        # -- 5. run the tool; its result is read block by block (or shown at once)
+        actions_done += 1
+        traj.count({"search": "searches", "access": "accesses"}.get(action.kind, action.kind))
+        ctx.note(f"<{action.kind}>{action.argument}</{action.kind}>")
+        tool = tools.get(action.kind)
+        if tool is None:
+            turn.tool_error = f"tool {action.kind!r} is not configured for this agent"
+            obs_text, blocks = turn.tool_error, None
+        else:
+            t1 = time.perf_counter()
+            obs = await run_tool(tool, action.argument, timeout_s=cfg.tool_timeout_s)
+            turn.tool_latency_s = time.perf_counter() - t1
+            turn.tool_error = obs.error
+            obs_text, blocks = obs.text, obs.metadata.get("chunks")
+        if turn.tool_error:
+            traj.count("tool_errors")
+        turn.observation = obs_text
+        if style.reading_turns and turn.tool_error is None:
+            pending_blocks.extend(blocks or [obs_text])
+        else:
+            ctx.observe(style.observation_template.format(text=obs_text))
+
+    traj.counters["llm_calls"] = traj.num_turns
+    traj.counters["generated_tokens"] = traj.generated_tokens
+    traj.wall_s = time.perf_counter() - t_start
+    return traj
+
+
+def _stop_token_ids(tokenizer: Tokenizer) -> list[int]:
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    convert = getattr(tokenizer, "convert_tokens_to_ids", None)
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if convert is not None:
+        for tok in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
+            tid = convert(tok)
+            if isinstance(tid, int) and tid != unk:
+                ids.add(tid)
+    return sorted(ids)
+
+
+class _Context:
+    """The token-exact context of one trajectory under its style's history policy.
+
+    full: one growing segment; a new segment starts only when a read block is compacted.
+    summaries: every call is its own segment, built from the opening plus the tail of the notes.
+    """
+
+    def __init__(self, style: AgentStyle, tokenizer: Tokenizer, question: str, traj: Trajectory):
+        self.style, self.tok, self.traj = style, tokenizer, traj
+        user = style.user_template.format(question=question)
+        self.opening_text = _render_opening(tokenizer, style, user)
+        self.notes: list[str] = []
+        # full history: pieces of context as (ids, compact_ids | None) to rebuild after compaction
+        self.pieces: list[tuple[list[int], list[int] | None]] = []
+        self._last_block: int | None = None
+        if style.history == "full":
+            opening = self._encode(self.opening_text)
+            traj.segments.append(Segment())
+            traj.segments[-1].extend_context(opening)
+            self.pieces.append((opening, None))
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False) if text else []
+
+    def begin_call(self, suffix: str, *, compactable: bool) -> list[int]:
+        if self.style.history == "summaries":
+            notes = "".join(self.notes)[-self.style.history_chars :]
+            body = self.opening_text + (f"Notes so far:\n{notes}\n" if notes else "") + suffix
+            seg = Segment()
+            seg.extend_context(self._encode(body))
+            self.traj.segments.append(seg)
+            return list(seg.token_ids)
+        if suffix:
+            ids = self._encode(suffix)
+            compact = None
+            if compactable and self.style.compact_read_blocks is not None:
+                compact = self._encode(suffix[: self.style.compact_read_blocks] + " ...\n" + self.style.read_open)
+                self._last_block = len(self.pieces)
+            self.traj.segments[-1].extend_context(ids)
+            self.pieces.append((ids, compact))
+        return list(self.traj.segments[-1].token_ids)
+
+    def end_call(self, resp: GenerateResponse) -> str:
+        self.traj.segments[-1].extend_generated(resp.output_ids, resp.output_logprobs, resp.output_versions)
+        if self.style.history == "full":
+            self.pieces.append((resp.output_ids, None))
+        return resp.text or self.tok.decode(resp.output_ids, skip_special_tokens=True)
+
+    def observe(self, text: str) -> None:
+        """Show the model something it did not write (tool result, correction)."""
+        if self.style.history == "summaries":
+            self.notes.append(text)
+            return
+        ids = self._encode(text)
+        self.traj.segments[-1].extend_context(ids)
+        self.pieces.append((ids, None))
+
+    def note(self, text: str) -> None:
+        if self.style.history == "summaries":
+            self.notes.append(text + "\n")
+
+    def compact_last_block(self) -> None:
+        """Replace the block just summarised by its short form; the model continues in a new segment."""
+        if self._last_block is None:
+            return
+        ids, compact = self.pieces[self._last_block]
+        self.pieces[self._last_block] = (compact or ids, None)
+        self._last_block = None
+        seg = Segment()
+        seg.extend_context([t for piece, _ in self.pieces for t in piece])
+        self.traj.segments.append(seg)
+
+
+def _render_opening(tokenizer: Any, style: AgentStyle, user: str) -> str:
+    """System + first user message, in the tokenizer's chat template when it has one."""
+    if style.use_chat_template and getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "system", "content": style.system_prompt}, {"role": "user", "content": user}]
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return f"{style.system_prompt}\n\n{user}\n"

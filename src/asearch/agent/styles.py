@@ -1,0 +1,88 @@
+"""Agent styles: a prompt and a context policy per style, as config (asearcher, reasoning, search-r1)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from asearch.config import Config
+from asearch.errors import ConfigError
+
+
+class AgentStyle(Config):
+    """How an agent talks: its prompt, allowed actions and how its context grows."""
+
+    name: str
+    system_prompt: str
+    user_template: str = Field("Question: {question}", description="First user message; {question} is filled in.")
+    actions: tuple[str, ...] = Field(("search", "access", "answer"), description="Allowed action tags.")
+    observation_template: str = Field(
+        "\n<information>\n{text}\n</information>\n", description="How a tool result or correction is shown."
+    )
+    correction_template: str = Field(
+        "\n<information>\nYour last turn was not understood: {error}\n</information>\n",
+        description="Shown after a malformed turn (counted as a parse error).",
+    )
+    reading_turns: bool = Field(
+        True, description="After each result block or page chunk the model writes a summary in its own LLM call."
+    )
+    read_open: str = "<summary>"
+    read_close: str = "</summary>"
+    history: Literal["full", "summaries"] = Field(
+        "full",
+        description="full: one growing context; summaries: every call rebuilds the prompt from short notes.",
+    )
+    history_chars: int = Field(25_000, ge=100, description="summaries: keep the last N characters of notes.")
+    compact_read_blocks: int | None = Field(
+        None,
+        ge=0,
+        description="full: after a block is summarised, keep only its first N characters in later context "
+        "(None keeps it all). Starts a new segment.",
+    )
+    force_answer_after: int | None = Field(
+        None, ge=1, description="After this many tool actions only <answer> is allowed."
+    )
+    force_answer_note: str = "\n(You have gathered enough evidence: give your final answer now in <answer></answer>.)\n"
+    use_chat_template: bool = Field(True, description="Wrap the opening in the tokenizer's chat template if it has one.")
+
+
+_ASEARCHER_SYSTEM = """You answer questions by searching a document collection. Work in turns.
+Each turn, think briefly inside <think></think>, then do exactly one action:
+<search>keywords</search> to get the top matching passages with their urls,
+<access>url</access> to read a whole page,
+<answer>short answer</answer> when you are sure.
+Results come back inside <information></information>; after each one, write what you learned inside
+<summary></summary>. Answers are short: a name, a place, a year or a few words."""
+
+_REASONING_SYSTEM = """You are a careful research assistant with two tools. Reason step by step inside
+<think></think>, then give exactly one action: <search>query</search>, <access>url</access> or
+<answer>final answer</answer>. You will see your earlier notes, not your full earlier reasoning.
+After each search result or page, write the facts that matter inside <summary></summary>."""
+
+_SEARCH_R1_SYSTEM = """Answer the question. Reason inside <think></think>. If you lack knowledge, call a
+search engine with <search>query</search>; results appear between <information> and </information>.
+Search as often as you need. When ready, give the answer inside <answer></answer>, without explanation."""
+
+STYLES: dict[str, AgentStyle] = {
+    "asearcher": AgentStyle(name="asearcher", system_prompt=_ASEARCHER_SYSTEM),
+    "reasoning": AgentStyle(
+        name="reasoning",
+        system_prompt=_REASONING_SYSTEM,
+        history="summaries",
+        force_answer_after=32,
+    ),
+    "search-r1": AgentStyle(
+        name="search-r1",
+        system_prompt=_SEARCH_R1_SYSTEM,
+        actions=("search", "answer"),
+        reading_turns=False,
+    ),
+}
+
+
+def get_style(name: str) -> AgentStyle:
+    try:
+        return STYLES[name]
+    except KeyError:
+        raise ConfigError(f"unknown agent style {name!r}; choose one of {', '.join(STYLES)}") from None

@@ -1,0 +1,77 @@
+"""The config system: YAML + overrides, and errors that name file, line and the nearest valid key."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pytest
+from pydantic import Field
+
+from asearch.config import Config, apply_overrides, dump_config, load_config
+from asearch.errors import ConfigError
+
+
+class Inner(Config):
+    k1: float = 1.5
+    method: Literal["bm25", "dense"] = "bm25"
+
+
+class Outer(Config):
+    name: str = "x"
+    topk: int = Field(5, ge=1)
+    inner: Inner = Inner()
+    tags: list[str] = []
+
+
+def test_defaults_yaml_and_overrides_compose(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("name: run\ninner:\n  k1: 0.9\n")
+    cfg = load_config(Outer, p, ["inner.method=dense", "topk=7", "tags=[a, b]"])
+    assert cfg.name == "run" and cfg.topk == 7
+    assert cfg.inner.k1 == 0.9 and cfg.inner.method == "dense"
+    assert cfg.tags == ["a", "b"]
+
+
+def test_unknown_key_names_file_line_and_nearest(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("name: run\ninner:\n  k1: 0.9\n  methd: dense\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(Outer, p)
+    msg = str(e.value)
+    assert f"{p}:4" in msg
+    assert "inner.methd" in msg and "did you mean 'inner.method'" in msg
+
+
+def test_unknown_override_key_suggests(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown key 'topkk'.*did you mean 'topk'"):
+        load_config(Outer, None, ["topkk=3"])
+
+
+def test_bad_value_shows_value_and_line(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("topk: 0\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(Outer, p)
+    assert f"{p}:1" in str(e.value) and "got 0" in str(e.value)
+    with pytest.raises(ConfigError, match="inner.method"):
+        load_config(Outer, None, ["inner.method=tfidf"])
+
+
+def test_invalid_yaml_names_line(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("name: run\ninner: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml:\d+: invalid YAML"):
+        load_config(Outer, p)
+
+
+def test_missing_file_and_malformed_override(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(Outer, tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="key.sub=value"):
+        apply_overrides({}, ["novalue"])
+
+
+def test_dump_round_trip(tmp_path):
+    cfg = load_config(Outer, None, ["inner.k1=2.0", "name=abc"])
+    dump_config(cfg, tmp_path / "resolved.yaml")
+    assert load_config(Outer, tmp_path / "resolved.yaml") == cfg
