@@ -13,6 +13,15 @@ from typing import IO, Any
 from asearch.errors import DataFormatError
 
 
+def cache_dir(*parts: str) -> Path:
+    """Where asearch keeps derived artefacts (converted models, built indexes): `$ASEARCH_CACHE` or ~/.cache/asearch."""
+    env = os.environ.get("ASEARCH_CACHE")
+    root = Path(env).expanduser() if env else Path.home() / ".cache" / "asearch"
+    path = root.joinpath(*parts)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def _new_file_mode(path: Path) -> int:
     """The mode `open(path, "w")` would give: the existing file's, else 0o666 minus the umask."""
     try:

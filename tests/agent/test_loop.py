@@ -182,3 +182,12 @@ def test_trajectory_round_trips_through_json(world):
     traj, _ = run(world, expert)
     back = Trajectory.from_dict(json.loads(json.dumps(traj.to_dict())))
     assert back == traj
+
+
+def test_on_turn_sees_every_turn_once_in_order(world):
+    tools, tok = world
+    seen = []
+    traj = asyncio.run(
+        run_episode(ScriptedEngine(tok, expert), tok, tools, "Where was Ada Varn born?", AgentConfig(), on_turn=seen.append)
+    )
+    assert seen == traj.turns and seen[0].observation and "[Doc 1]" in seen[0].observation

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from pydantic import Field, model_validator
@@ -65,8 +65,12 @@ async def run_episode(
     trajectory_id: str | None = None,
     seed: int | None = None,
     metadata: dict[str, Any] | None = None,
+    on_turn: Callable[[Turn], None] | None = None,
 ) -> Trajectory:
-    """Run one search episode. Never raises for model or tool mistakes: they are counted in the record."""
+    """Run one search episode. Never raises for model or tool mistakes: they are counted in the record.
+
+    `on_turn` sees each turn once it is complete (its tool result included), e.g. for a live view.
+    """
     style = cfg.resolved_style()
     traj = Trajectory(id=trajectory_id or uuid.uuid4().hex, question=question, style=style.name)
     traj.metadata.update(metadata or {})
@@ -75,8 +79,13 @@ async def run_episode(
     pending_blocks: list[str] = []  # tool output waiting for a reading turn each
     actions_done = 0
     t_start = time.perf_counter()
+    shown = 0
 
     while True:
+        if on_turn is not None:
+            for turn in traj.turns[shown:]:
+                on_turn(turn)
+            shown = len(traj.turns)
         if traj.num_turns >= cfg.max_turns:
             traj.finish = "max_turns"
             break
@@ -95,7 +104,8 @@ async def run_episode(
 
         # -- 2. generate under the context budget
         prompt_ids = ctx.begin_call(suffix, compactable=kind == "read")
-        budget = min(cfg.max_new_tokens, cfg.max_context_tokens - len(prompt_ids))
+        turn_budget = style.read_max_new_tokens if kind == "read" else cfg.max_new_tokens
+        budget = min(turn_budget, cfg.max_context_tokens - len(prompt_ids))
         if budget < 1:
             traj.finish = "max_tokens"
             break
@@ -169,6 +179,9 @@ async def run_episode(
         else:
             ctx.observe(style.observation_template.format(text=obs_text))
 
+    if on_turn is not None:
+        for turn in traj.turns[shown:]:
+            on_turn(turn)
     traj.counters["llm_calls"] = traj.num_turns
     traj.counters["generated_tokens"] = traj.generated_tokens
     traj.wall_s = time.perf_counter() - t_start

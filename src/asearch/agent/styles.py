@@ -27,6 +27,7 @@ class AgentStyle(Config):
     reading_turns: bool = Field(
         True, description="After each result block or page chunk the model writes a summary in its own LLM call."
     )
+    read_max_new_tokens: int = Field(256, ge=1, description="Token budget of a reading turn (a summary).")
     read_open: str = "<summary>"
     read_close: str = "</summary>"
     history: Literal["full", "summaries"] = Field(
@@ -47,13 +48,23 @@ class AgentStyle(Config):
     use_chat_template: bool = Field(True, description="Wrap the opening in the tokenizer's chat template if it has one.")
 
 
-_ASEARCHER_SYSTEM = """You answer questions by searching a document collection. Work in turns.
-Each turn, think briefly inside <think></think>, then do exactly one action:
-<search>keywords</search> to get the top matching passages with their urls,
-<access>url</access> to read a whole page,
-<answer>short answer</answer> when you are sure.
-Results come back inside <information></information>; after each one, write what you learned inside
-<summary></summary>. Answers are short: a name, a place, a year or a few words."""
+_ASEARCHER_SYSTEM = """You are a research assistant. You find facts with a search engine, then answer.
+Each turn, you may think inside <think></think>, then write exactly one action:
+<search>keywords</search> searches the encyclopedia and shows the top passages with their urls;
+<access>url</access> shows the full page at a url;
+<answer>short answer</answer> ends the task.
+After each result you write what you learned inside <summary></summary>.
+
+Example:
+Question: Who painted the Mona Lisa?
+<search>Mona Lisa painter</search>
+<information>
+[Doc 1](https://en.wikipedia.org/wiki/Mona_Lisa):
+"Mona Lisa"
+The Mona Lisa is a portrait painting by the Italian artist Leonardo da Vinci.
+</information>
+<summary>The Mona Lisa was painted by Leonardo da Vinci.</summary>
+<answer>Leonardo da Vinci</answer>"""
 
 _REASONING_SYSTEM = """You are a careful research assistant with two tools. Reason step by step inside
 <think></think>, then give exactly one action: <search>query</search>, <access>url</access> or

@@ -6,7 +6,7 @@ import typer
 from rich.markup import escape
 
 from asearch import __version__
-from asearch.cli import corpus, index, serve
+from asearch.cli import ask, corpus, index, serve
 from asearch.cli.console import console
 from asearch.errors import AsearchError
 
@@ -20,6 +20,7 @@ app = typer.Typer(
 app.add_typer(corpus.app, name="corpus")
 app.add_typer(index.app, name="index")
 app.command("serve")(serve.serve)
+app.command("ask")(ask.ask)
 
 
 @app.command()

@@ -1,0 +1,1 @@
+"""Fully asynchronous RL: staleness-bounded rollout, advantages, decoupled PPO loss, the trainer."""

@@ -1,0 +1,237 @@
+"""The rollout controller: keeps the engine busy with agent groups, admitted by the staleness rule.
+
+Generation never waits for the slowest trajectory: a new group starts as soon as capacity allows,
+finished groups queue up, and a training batch takes the B oldest. Groups are rejected (and free
+capacity) when every sample got the same reward (no signal), when an episode raised, or when they
+became too stale to train on: a group admitted at version a is only trained at version <= a + eta,
+so the bound holds per group, not just system-wide (in-flight hopeless groups are cancelled early).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import Field
+
+from asearch.agent.trajectory import Trajectory
+from asearch.config import Config
+from asearch.rl.staleness import StalenessManager
+
+
+class ControllerConfig(Config):
+    batch_size: int = Field(8, ge=1, description="B: prompt groups per training step.")
+    group_size: int = Field(8, ge=1, description="n: samples per prompt (GRPO group).")
+    max_staleness: int = Field(
+        2, ge=0, description="eta: 0 = synchronous, 1 = one-step-off, >1 = fully asynchronous."
+    )
+    max_concurrent: int = Field(16, ge=1, description="Groups generating at once.")
+    drop_zero_variance: bool = Field(True, description="Reject groups whose rewards are all equal.")
+
+
+@dataclass
+class Group:
+    seq: int  # admission order (the "age" used to pick the oldest)
+    index: int  # data position of the prompt
+    sample: Any
+    admitted_version: int
+    trajectories: list[Trajectory] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+
+    @property
+    def min_version(self) -> int:
+        versions = [t.min_version for t in self.trajectories if t.min_version >= 0]
+        return min(versions) if versions else self.admitted_version
+
+
+EpisodeFn = Callable[[Any, int], Awaitable[Trajectory]]  # (sample, k-th sample of the group) -> trajectory
+RewardFn = Callable[[Trajectory, Any], float]
+
+
+class RolloutController:
+    def __init__(
+        self,
+        cfg: ControllerConfig,
+        data: Iterator[tuple[int, Any]],
+        run_episode: EpisodeFn,
+        reward: RewardFn,
+        *,
+        staleness: StalenessManager | None = None,
+        redo: list[tuple[int, Any]] | None = None,
+        ready: list[Group] | None = None,
+        rejected: dict[str, int] | None = None,
+        data_position: int = 0,
+    ):
+        self.cfg, self.data, self.run_episode, self.reward = cfg, data, run_episode, reward
+        self.staleness = staleness or StalenessManager(cfg.batch_size, cfg.max_staleness, cfg.max_concurrent)
+        self.redo: list[tuple[int, Any]] = list(redo or [])  # prompts in flight at the last checkpoint
+        self.ready: list[Group] = list(ready or [])
+        self.inflight: dict[int, tuple[Group, asyncio.Task]] = {}
+        self.rejected: Counter[str] = Counter(rejected or {})
+        self.errors: list[str] = []
+        self.exhausted = False
+        self.data_position = data_position  # one past the last prompt pulled from `data`
+        self._seq = max((g.seq for g in self.ready), default=-1) + 1
+        self._wake = asyncio.Event()
+        self._batch_ready = asyncio.Event()
+        self._producer: asyncio.Task | None = None
+        self._idle_since: float | None = None
+        self.idle_s = 0.0  # time with no group generating (the engine has nothing to do)
+        self._t0 = time.perf_counter()
+
+    @property
+    def version(self) -> int:
+        return self.staleness.version
+
+    # ------------------------------------------------------------------ producer
+
+    def start(self) -> None:
+        self._producer = asyncio.create_task(self._produce(), name="rollout-producer")
+        self._mark_idle()
+
+    async def _produce(self) -> None:
+        while True:
+            while self.staleness.capacity > 0 and not self.exhausted:
+                if self.redo:
+                    item = self.redo.pop(0)
+                else:
+                    item = next(self.data, None)
+                    if item is not None:
+                        self.data_position = item[0] + 1
+                if item is None:
+                    self.exhausted = True
+                    self._batch_ready.set()
+                    break
+                self.staleness.try_admit()
+                group = Group(self._seq, item[0], item[1], self.version)
+                self._seq += 1
+                task = asyncio.create_task(self._run_group(group), name=f"group-{group.seq}")
+                self.inflight[group.seq] = (group, task)
+                self._mark_busy()
+            self._wake.clear()
+            await self._wake.wait()
+
+    async def _run_group(self, group: Group) -> None:
+        cause = None
+        try:
+            n = self.cfg.group_size
+            group.trajectories = list(await asyncio.gather(*(self.run_episode(group.sample, k) for k in range(n))))
+            group.rewards = [float(self.reward(t, group.sample)) for t in group.trajectories]
+            if self.cfg.drop_zero_variance and max(group.rewards) - min(group.rewards) < 1e-9:
+                cause = "zero_variance"
+        except asyncio.CancelledError:
+            cause = "stale"
+        except Exception as e:  # an episode must not kill the run: count it, keep the message
+            cause = "error"
+            self.errors.append(f"{type(e).__name__}: {e}")
+        self.inflight.pop(group.seq, None)
+        self.staleness.finish(accepted=cause is None)
+        if cause is None:
+            self.ready.append(group)
+            if len(self.ready) >= self.cfg.batch_size:
+                self._batch_ready.set()
+        else:
+            self.rejected[cause] += 1
+        if not self.inflight:
+            self._mark_idle()
+        self._wake.set()
+
+    # ------------------------------------------------------------------ consumer
+
+    async def get_batch(self) -> list[Group] | None:
+        """The B oldest finished groups that are still fresh enough; None when the data ran out."""
+        B, eta = self.cfg.batch_size, self.cfg.max_staleness
+        while True:
+            # drop queued groups that can no longer be trained within the bound
+            for g in [g for g in self.ready if self.version - g.min_version > eta]:
+                self.ready.remove(g)
+                self.staleness.accepted -= 1  # it was counted as kept: un-count it to free capacity
+                self.staleness.rejected += 1
+                self.rejected["stale"] += 1
+                self._wake.set()
+            if len(self.ready) >= B:
+                self.ready.sort(key=lambda g: g.seq)
+                batch, self.ready = self.ready[:B], self.ready[B:]
+                return batch
+            if self.exhausted and not self.inflight:
+                return None
+            self._batch_ready.clear()
+            await self._batch_ready.wait()
+
+    def set_version(self, version: int) -> None:
+        """After a weight update: advance the rule, cancel groups that can no longer be fresh, admit more."""
+        self.staleness.set_version(version)
+        for group, task in list(self.inflight.values()):
+            if version - group.admitted_version > self.cfg.max_staleness:
+                task.cancel()
+        self._wake.set()
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def _mark_idle(self) -> None:
+        if self._idle_since is None:
+            self._idle_since = time.perf_counter()
+
+    def _mark_busy(self) -> None:
+        if self._idle_since is not None:
+            self.idle_s += time.perf_counter() - self._idle_since
+            self._idle_since = None
+
+    def idle_fraction(self) -> float:
+        idle = self.idle_s + (time.perf_counter() - self._idle_since if self._idle_since is not None else 0.0)
+        return idle / max(time.perf_counter() - self._t0, 1e-9)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint needs so nothing is lost: the rule's counters, queued groups, in-flight prompts."""
+        return {
+            "staleness": self.staleness.state_dict(),
+            "ready": [
+                {
+                    "seq": g.seq,
+                    "index": g.index,
+                    "sample": g.sample,
+                    "admitted_version": g.admitted_version,
+                    "rewards": g.rewards,
+                    "trajectories": [t.to_dict() for t in g.trajectories],
+                }
+                for g in self.ready
+            ],
+            "redo": [(g.index, g.sample) for g, _ in sorted(self.inflight.values(), key=lambda x: x[0].seq)]
+            + self.redo,
+            "rejected": dict(self.rejected),
+            "data_position": self.data_position,
+        }
+
+    @staticmethod
+    def restore_parts(state: dict[str, Any]) -> dict[str, Any]:
+        """Keyword arguments for the constructor that rebuild the saved state."""
+        ready = [
+            Group(
+                d["seq"],
+                d["index"],
+                d["sample"],
+                d["admitted_version"],
+                [Trajectory.from_dict(t) for t in d["trajectories"]],
+                d["rewards"],
+            )
+            for d in state["ready"]
+        ]
+        staleness = StalenessManager.from_state_dict(state["staleness"], unconsumed=len(ready))
+        return {
+            "staleness": staleness,
+            "ready": ready,
+            "redo": [tuple(x) for x in state["redo"]],
+            "rejected": state.get("rejected", {}),
+            "data_position": state["data_position"],
+        }
+
+    async def close(self) -> None:
+        if self._producer:
+            self._producer.cancel()
+        for _, task in list(self.inflight.values()):
+            task.cancel()
+        await asyncio.gather(*(t for _, t in self.inflight.values()), return_exceptions=True)
