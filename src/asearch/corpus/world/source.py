@@ -1,0 +1,105 @@
+"""`WorldCorpus`: a seeded synthetic world as a CorpusSource (one page per entity) plus its knowledge graph."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from functools import cached_property
+
+from asearch.corpus.types import Document, Page
+from asearch.corpus.world.generate import GENERATOR_VERSION, check_world_size, generate_graph
+from asearch.corpus.world.graph import Entity, KnowledgeGraph
+from asearch.corpus.world.render import RenderedPage, render_pages
+
+DEFAULT_ENTITIES = 2000
+
+
+class WorldCorpus:
+    """World `seed` with `n_entities` entities: pages at `https://world{seed}.example/wiki/<Slug>`.
+
+    The world is generated on first use (~0.2 s per 1,000 entities) and is a pure function of
+    (seed, n_entities, GENERATOR_VERSION), so `fingerprint()` needs no generation. `.example` is a
+    reserved TLD, so no url is ever fetched.
+    """
+
+    def __init__(self, seed: int = 0, n_entities: int = DEFAULT_ENTITIES):
+        self.seed, self.n_entities = seed, n_entities
+        self.name = f"world:seed={seed},entities={n_entities}"  # the spec `open_corpus` accepts
+        self.base_url = f"https://world{seed}.example/wiki/"
+        check_world_size(seed, n_entities)  # fail now, not at first use
+
+    @cached_property
+    def graph(self) -> KnowledgeGraph:
+        """The world's knowledge graph (generated on first use)."""
+        return generate_graph(self.seed, self.n_entities)
+
+    @cached_property
+    def _pages(self) -> dict[str, RenderedPage]:
+        return render_pages(self.graph, self.seed)
+
+    def __repr__(self) -> str:
+        return f"WorldCorpus(seed={self.seed}, n_entities={self.n_entities})"
+
+    def __len__(self) -> int:
+        return self.n_entities
+
+    # ---- urls and entities
+    def url(self, entity: str | Entity) -> str:
+        return self.base_url + self.graph.resolve(entity)  # entity ids are url slugs
+
+    def entity_by_url(self, url: str) -> Entity:
+        """The entity a page url shows; KeyError naming the url when it is not a page of this world."""
+        slug = url.removeprefix(self.base_url)
+        if slug == url or slug not in self.graph:
+            raise KeyError(f"{url!r} is not a page of {self.name}")
+        return self.graph.get(slug)
+
+    def rendered(self, entity: str | Entity) -> RenderedPage:
+        """The page of an entity with its per-fact statements and mentioned ids."""
+        return self._pages[self.graph.resolve(entity)]
+
+    def statement(self, entity: str | Entity, key: str) -> str:
+        """The sentence on `entity`'s page that states its attribute or relation `key`."""
+        page = self.rendered(entity)
+        if key not in page.statements:
+            raise KeyError(f"the page of {page.title!r} states no {key!r}")
+        return page.statements[key]
+
+    # ---- CorpusSource
+    def documents(self) -> Iterator[Document]:
+        """One document per entity, in graph order (countries, cities, people, orgs, works, events)."""
+        for p in self._pages.values():
+            yield Document(
+                id=f"world{self.seed}:{p.entity_id}", title=p.title, text=p.text, url=self.url(p.entity_id)
+            )
+
+    def pages(self) -> Iterator[Page]:
+        """Each document's text plus a `Links:` section naming the pages it mentions (title: url)."""
+        for p in self._pages.values():
+            yield self._page(p)
+
+    def page(self, url: str) -> Page:
+        return self._page(self._pages[self.entity_by_url(url).id])
+
+    def _page(self, p: RenderedPage) -> Page:
+        contents = p.text
+        if p.links:
+            lines = [f"- {self.graph.get(i).name}: {self.url(i)}" for i in p.links]
+            contents += "\n\nLinks:\n" + "\n".join(lines)
+        return Page(url=self.url(p.entity_id), title=p.title, contents=contents)
+
+    def links(self) -> dict[str, list[str]]:
+        """url -> urls of the entities its page mentions, for every page."""
+        return {self.url(p.entity_id): [self.url(i) for i in p.links] for p in self._pages.values()}
+
+    def fingerprint(self) -> str:
+        """Identifies the content: it is a pure function of generator version, seed and size, so no hashing of text."""
+        key = f"asearch-world|v{GENERATOR_VERSION}|seed={self.seed}|entities={self.n_entities}"
+        return f"{self.name}:v{GENERATOR_VERSION}:sha256:{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+    def content_digest(self) -> str:
+        """sha256 over every page (url, title, contents): for checking that generation is reproducible."""
+        h = hashlib.sha256()
+        for page in self.pages():
+            h.update(f"{page.url}\x00{page.title}\x00{page.contents}\x01".encode())
+        return h.hexdigest()

@@ -1,0 +1,218 @@
+"""The policy update of one RL step: groups -> samples -> proximal log-probs -> minibatch PPO updates.
+
+Reads top to bottom in `PolicyTrainer.train_step`: recompute log pi_prox once (no grad), then for each
+minibatch accumulate the decoupled PPO loss over token-budget micro-batches and take one AdamW step.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from pydantic import Field
+
+from asearch.config import Config
+from asearch.rl.advantages import AdvantageConfig, group_advantages
+from asearch.rl.loss import LossConfig, decoupled_ppo_loss
+
+
+class OptimConfig(Config):
+    lr: float = Field(1e-4, gt=0, description="Peak learning rate.")
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = Field(1.0, gt=0, description="Max global grad norm.")
+    warmup_steps: int = Field(0, ge=0)
+    schedule: Literal["constant", "cosine"] = "constant"
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine: final lr = lr * min_lr_ratio.")
+
+
+class TrainerConfig(Config):
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    advantages: AdvantageConfig = Field(default_factory=AdvantageConfig)
+    n_minibatches: int = Field(1, ge=1, description="Optimizer steps per RL step (PPO minibatches).")
+    token_budget: int = Field(16384, ge=64, description="Padded tokens per forward micro-batch.")
+    prox: Literal["recompute", "loglinear"] = Field(
+        "recompute", description="recompute: one extra forward per step; loglinear: interpolate by versions."
+    )
+    gradient_checkpointing: bool = False
+    seed: int = 0
+
+
+@dataclass
+class Sample:
+    """One training sequence: a segment of a trajectory with its advantage."""
+
+    token_ids: list[int]
+    loss_mask: list[int]
+    behav_logprobs: list[float]
+    versions: list[int]
+    advantage: float
+
+    @property
+    def n_generated(self) -> int:
+        return sum(self.loss_mask)
+
+
+def groups_to_samples(rewards: Sequence[Sequence[float]], trajectories: Sequence[Sequence[Any]], cfg: AdvantageConfig):
+    """(G, n) rewards + trajectories -> Samples (one per segment with generated tokens) and advantages."""
+    adv = group_advantages(torch.tensor(rewards, dtype=torch.float32), cfg)
+    samples = []
+    for g, group in enumerate(trajectories):
+        for i, traj in enumerate(group):
+            for seg in traj.segments:
+                if seg.n_generated:
+                    samples.append(Sample(seg.token_ids, seg.loss_mask, seg.logprobs, seg.versions, float(adv[g, i])))
+    return samples, adv
+
+
+def micro_batches(samples: Sequence[Sample], token_budget: int) -> list[list[int]]:
+    """Indices grouped so that (rows x longest) stays within the budget; similar lengths together."""
+    order = sorted(range(len(samples)), key=lambda i: len(samples[i].token_ids))
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        longest = max([len(samples[j].token_ids) for j in cur] + [len(samples[i].token_ids)])
+        if cur and longest * (len(cur) + 1) > token_budget:
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def sequence_logprobs(model: Any, samples: Sequence[Sample], temperature: float) -> torch.Tensor:
+    """log pi(token_t | tokens_<t) under the sampling temperature, shape (rows, longest); 0 at position 0."""
+    device = next(model.parameters()).device
+    longest = max(len(s.token_ids) for s in samples)
+    ids = torch.zeros(len(samples), longest, dtype=torch.long)
+    attn = torch.zeros(len(samples), longest, dtype=torch.long)
+    for r, s in enumerate(samples):
+        ids[r, : len(s.token_ids)] = torch.tensor(s.token_ids)
+        attn[r, : len(s.token_ids)] = 1
+    ids, attn = ids.to(device), attn.to(device)
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+    if temperature > 0:
+        logits = logits / temperature
+    lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return torch.nn.functional.pad(lp, (1, 0))
+
+
+def _pad(rows: Sequence[Sequence[float]], longest: int, fill: float = 0.0) -> torch.Tensor:
+    out = torch.full((len(rows), longest), fill, dtype=torch.float32)
+    for r, row in enumerate(rows):
+        out[r, : len(row)] = torch.tensor(row, dtype=torch.float32)
+    return out
+
+
+class PolicyTrainer:
+    def __init__(self, model: Any, cfg: TrainerConfig, *, temperature: float = 1.0, total_steps: int = 1):
+        self.model, self.cfg, self.temperature = model, cfg, temperature
+        self.total_steps = max(total_steps, 1)
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.rng = random.Random(cfg.seed)
+        self.step = 0  # optimizer steps taken
+
+    def _lr_factor(self, opt_step: int) -> float:
+        o = self.cfg.optim
+        if o.warmup_steps and opt_step < o.warmup_steps:
+            return (opt_step + 1) / o.warmup_steps
+        if o.schedule == "constant":
+            return 1.0
+        total = self.total_steps * self.cfg.n_minibatches
+        progress = min(1.0, (opt_step - o.warmup_steps) / max(1, total - o.warmup_steps))
+        return o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    def _logprobs(self, samples: Sequence[Sample], idx: list[int]) -> torch.Tensor:
+        return sequence_logprobs(self.model, [samples[i] for i in idx], self.temperature)
+
+    def train_step(self, samples: Sequence[Sample], *, policy_version: int) -> dict[str, float]:
+        cfg = self.cfg
+        self.model.train()
+
+        # -- 1. proximal log-probs: the policy as it is before this step's updates
+        prox: dict[int, torch.Tensor] = {}
+        if cfg.prox == "recompute":
+            with torch.no_grad():
+                for mb in micro_batches(samples, cfg.token_budget):
+                    lp = self._logprobs(samples, mb)
+                    for r, i in enumerate(mb):
+                        prox[i] = lp[r, : len(samples[i].token_ids)].cpu()
+
+        # -- 2. minibatch updates
+        order = list(range(len(samples)))
+        self.rng.shuffle(order)
+        minibatches = [order[k :: cfg.n_minibatches] for k in range(cfg.n_minibatches)]
+        stats: dict[str, float] = {}
+        n_stats = 0
+        grad_norms: list[float] = []
+        for k_mb, mb in enumerate(minibatches):
+            if not mb:
+                continue
+            mb_tokens = sum(samples[i].n_generated for i in mb)
+            self.optimizer.zero_grad(set_to_none=True)
+            for micro in micro_batches([samples[i] for i in mb], cfg.token_budget):
+                idx = [mb[j] for j in micro]
+                rows = [samples[i] for i in idx]
+                longest = max(len(s.token_ids) for s in rows)
+                logp = self._logprobs(samples, idx)
+                behav = _pad([s.behav_logprobs for s in rows], longest)
+                mask = _pad([s.loss_mask for s in rows], longest)
+                adv = torch.tensor([s.advantage for s in rows])[:, None].expand(-1, longest)
+                if cfg.prox == "recompute":
+                    prox_lp = _pad([prox[i].tolist() for i in idx], longest)
+                else:
+                    # log pi_prox ~ log pi_behav + alpha (log pi_theta - log pi_behav) with
+                    # alpha = (v_prox - v_behav) / (v_theta - v_behav); theta at minibatch k counts as
+                    # version v + k/m, so the first minibatch is exact (alpha = 1: prox = theta).
+                    v_behav = _pad([s.versions for s in rows], longest, fill=float(policy_version))
+                    v_theta = policy_version + k_mb / cfg.n_minibatches
+                    gap = (v_theta - v_behav).clamp(min=1e-9)
+                    alpha = ((policy_version - v_behav) / gap).clamp(0.0, 1.0)
+                    alpha = torch.where(v_theta - v_behav < 1e-9, torch.ones_like(alpha), alpha)
+                    prox_lp = behav + alpha * (logp.detach().cpu() - behav)
+                dev = logp.device
+                loss, s = decoupled_ppo_loss(
+                    logp, prox_lp.to(dev), behav.to(dev), adv.to(dev), mask.to(dev), cfg.loss
+                )
+                (loss * (mask.sum().item() / max(mb_tokens, 1))).backward()
+                for k, v in s.items():
+                    stats[k] = stats.get(k, 0.0) + v
+                n_stats += 1
+            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)))
+            self.optimizer.step()
+            self.scheduler.step()
+            self.step += 1
+        out = {k: v / max(n_stats, 1) for k, v in stats.items()}
+        out["perf/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
+        out["perf/lr"] = self.scheduler.get_last_lr()[0]
+        out["perf/train_tokens"] = float(sum(len(s.token_ids) for s in samples))
+        out["perf/train_samples"] = float(len(samples))
+        self.model.eval()
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+            "rng": self.rng.getstate(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = state["step"]
+        self.rng.setstate(state["rng"])
