@@ -6,7 +6,8 @@ import typer
 from rich.markup import escape
 
 from asearch import __version__
-from asearch.cli import ask, corpus, index, serve
+from asearch.cli import ask, corpus, index, serve, train
+from asearch.cli import eval as eval_cli
 from asearch.cli.console import console
 from asearch.errors import AsearchError
 
@@ -21,6 +22,10 @@ app.add_typer(corpus.app, name="corpus")
 app.add_typer(index.app, name="index")
 app.command("serve")(serve.serve)
 app.command("ask")(ask.ask)
+app.command("train")(train.train)
+app.command("demo")(train.demo)
+app.add_typer(eval_cli.app, name="eval")
+app.add_typer(eval_cli.data_app, name="data")
 
 
 @app.command()

@@ -1,5 +1,140 @@
-"""`asearch index ...` commands."""
+"""`asearch index build | info | search`: build a versioned index dir from a corpus, inspect it, query it."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Literal
 
 import typer
+from rich.markup import escape
+from rich.table import Table
 
-app = typer.Typer(help="index commands", no_args_is_help=True)
+from asearch.cli.console import ConfigOption, OverridesArg, console
+
+app = typer.Typer(help="Build, inspect and query retrieval indexes.", no_args_is_help=True)
+
+
+def _mb(n_bytes: int) -> str:
+    return f"{n_bytes / 2**20:,.1f} MB"
+
+
+@app.command()
+def build(
+    corpus: Annotated[str, typer.Option("--corpus", help="'wiki10k', 'world', 'world:7', or a .jsonl path.")],
+    out: Annotated[Path, typer.Option("--out", help="Index directory to create.", file_okay=False)],
+    dense: Annotated[bool, typer.Option("--dense", help="Also build a dense (faiss) index.")] = False,
+    dense_model: Annotated[
+        str | None,
+        typer.Option("--dense-model", help="sentence-transformers name or path (implies --dense)."),
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing index at --out.")] = False,
+    config: ConfigOption = None,
+    overrides: OverridesArg = None,
+) -> None:
+    """Stream a corpus into passages + BM25 (+ dense) and write the index directory atomically."""
+    from asearch.config import load_config
+    from asearch.corpus import open_corpus
+    from asearch.retrieval.dense import DenseConfig
+    from asearch.retrieval.index import IndexConfig, build_index, index_size_bytes, read_manifest
+
+    cfg = load_config(IndexConfig, config, overrides or [])
+    if (dense or dense_model) and cfg.dense is None:
+        cfg.dense = DenseConfig()
+    if dense_model and cfg.dense is not None:
+        cfg.dense.model = dense_model
+    source = open_corpus(corpus)
+    command = (
+        shlex.join(["asearch", "index", *sys.argv[sys.argv.index("build") :]])
+        if "build" in sys.argv
+        else None
+    )
+    dense_desc = "off" if cfg.dense is None else f"{cfg.dense.model} ({cfg.dense.index_type})"
+    console.print(
+        f"[bold]corpus[/bold] {escape(source.name)}  [bold]chunk[/bold] {cfg.chunk.words} words, overlap "
+        f"{cfg.chunk.overlap}  [bold]bm25[/bold] tantivy, stemmer={cfg.bm25.stemmer}, "
+        f"stopwords={cfg.bm25.stopwords if isinstance(cfg.bm25.stopwords, str | None) else 'custom'}  "
+        f"[bold]dense[/bold] {escape(dense_desc)}"
+    )
+    t0 = time.perf_counter()
+    path = build_index(source, out, cfg, progress=True, overwrite=force, build_command=command)
+    seconds = time.perf_counter() - t0
+    m = read_manifest(path)
+    c = m["counts"]
+    console.print(
+        f"[green]built[/green] {escape(str(path))}: {c['passages']:,} passages from {c['documents']:,} documents, "
+        f"{c['pages']:,} pages; {seconds:.1f}s ({c['passages'] / max(seconds, 1e-9):,.0f} passages/s); "
+        f"{_mb(index_size_bytes(m))} on disk"
+    )
+    skipped = {k: v for k, v in c.items() if k.startswith(("duplicate", "empty", "passage_urls")) and v}
+    if skipped:
+        console.print(f"[yellow]note[/yellow]: {skipped}")
+    for note in (m.get("dense") or {}).get("notes", []):
+        console.print(f"[yellow]dense[/yellow]: {escape(note)}")
+
+
+@app.command()
+def info(path: Annotated[Path, typer.Argument(help="Index directory.")]) -> None:
+    """Show an index's corpus, settings, counts, sizes, versions and load time."""
+    from asearch.retrieval.index import index_size_bytes, open_index
+
+    t0 = time.perf_counter()
+    index = open_index(path)
+    load_s = time.perf_counter() - t0
+    m = index.manifest
+    t = Table(show_header=False, box=None)
+    t.add_row("path", escape(str(index.path)))
+    t.add_row("format", f"{m['format']} v{m['format_version']}, created {m['created']}")
+    t.add_row(
+        "corpus", f"{escape(m['corpus']['name'])}  fingerprint {escape(str(m['corpus']['fingerprint']))}"
+    )
+    for k, v in m["counts"].items():
+        t.add_row(k, f"{v:,}")
+    t.add_row("size on disk", _mb(index_size_bytes(m)))
+    t.add_row("build time", f"{m['build_seconds']:.1f}s")
+    s = m["settings"]
+    t.add_row("chunk", str(s["chunk"]))
+    t.add_row("bm25", f"{m['bm25']}  {s['bm25']}")
+    dense = m.get("dense")
+    t.add_row(
+        "dense", "off" if dense is None else escape(str({k: v for k, v in dense.items() if k != "notes"}))
+    )
+    t.add_row("versions", escape(str(m["versions"])))
+    t.add_row("build command", escape(m.get("build_command", "")))
+    t.add_row("open time", f"{load_s * 1000:.1f} ms (stores memory-mapped; engines load on first search)")
+    console.print(t)
+    index.close()
+
+
+@app.command()
+def search(
+    path: Annotated[Path, typer.Argument(help="Index directory.")],
+    query: Annotated[str, typer.Argument(help="Query text.")],
+    topk: Annotated[int, typer.Option("--topk", "-k", min=1, help="Hits to show.")] = 5,
+    method: Annotated[
+        Literal["bm25", "dense", "hybrid"], typer.Option("--method", help="Retriever.")
+    ] = "bm25",
+) -> None:
+    """Run one query and print the ranked passages (a quick look, not an API)."""
+    from asearch.retrieval.index import open_index
+
+    index = open_index(path)
+    t0 = time.perf_counter()
+    retriever = index.retriever(method)
+    load_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    hits = retriever.search([query], topk)[0]
+    search_ms = (time.perf_counter() - t1) * 1000
+    t = Table("#", "score", "id", "title", "text", "url", show_lines=False)
+    for i, h in enumerate(hits, start=1):
+        p = h.passage
+        text = p.text if len(p.text) <= 120 else p.text[:117] + "..."
+        t.add_row(str(i), f"{h.score:.3f}", escape(p.id), escape(p.title), escape(text), escape(p.url))
+    console.print(t)
+    console.print(
+        f"{len(hits)} hits, {method}, search {search_ms:.1f} ms (retriever load {load_s:.2f}s)"
+        + ("" if hits else " - no indexable term, or nothing matched")
+    )
+    index.close()

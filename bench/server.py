@@ -1,0 +1,163 @@
+"""Retrieval server benchmark: QPS of 32 concurrent HTTP clients with micro-batching vs without, vs in-process.
+
+Builds a synthetic BM25 index (bench/retrieval.py's Zipf passages), then serves it with `asearch serve` in a
+subprocess twice: batching on (the default) and off (`max_batch=1`, one query per retriever call: the
+behaviour of a server that serialises requests behind one lock). Prints one table with the ratio.
+
+    .venv/bin/python bench/server.py                      # 20k passages, 1,024 queries, 32 clients
+    .venv/bin/python bench/server.py --passages 100000 --clients 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).parent))
+from retrieval import synth_passages  # noqa: E402  (the engine bench's corpus generator)
+
+TOPK = 5
+
+
+def build(tmp: Path, n: int, method: str) -> Path:
+    from asearch.corpus.sources import open_corpus
+    from asearch.retrieval.dense import DenseConfig
+    from asearch.retrieval.index import IndexConfig, build_index
+
+    corpus = tmp / "synth.jsonl"
+    with corpus.open("w") as f:
+        for i, text in enumerate(synth_passages(n, seed=0)):
+            f.write(
+                json.dumps({"id": str(i), "title": f"P{i}", "text": text, "url": f"https://s.test/{i}"})
+                + "\n"
+            )
+    cfg = IndexConfig(dense=DenseConfig() if method != "bm25" else None)
+    return build_index(open_corpus(str(corpus)), tmp / "idx", cfg, progress=False)
+
+
+def queries_for(n: int) -> list[str]:
+    texts = list(synth_passages(n, seed=1))
+    return [" ".join(t.split()[3:7]) for t in texts]
+
+
+def in_process(index_dir: Path, queries: list[str], method: str) -> tuple[float, float]:
+    from asearch.retrieval.index import open_index
+
+    r = open_index(index_dir).retriever(method)
+    r.search(queries[:8], TOPK)  # warm up
+    t0 = time.perf_counter()
+    for q in queries:
+        r.search([q], TOPK)
+    one_by_one = len(queries) / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    r.search(queries, TOPK)
+    one_batch = len(queries) / (time.perf_counter() - t0)
+    return one_by_one, one_batch
+
+
+async def hammer(url: str, queries: list[str], clients: int) -> tuple[float, dict]:
+    todo = list(queries)
+    async with httpx.AsyncClient(
+        base_url=url, timeout=120, limits=httpx.Limits(max_connections=clients)
+    ) as c:
+        await c.post("/retrieve", json={"queries": queries[:8], "topk": TOPK})  # warm up
+
+        async def client() -> None:
+            while todo:
+                q = todo.pop()
+                r = await c.post("/retrieve", json={"query": q, "topk": TOPK})
+                r.raise_for_status()
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(clients)))
+        qps = len(queries) / (time.perf_counter() - t0)
+        stats = (await c.get("/stats")).json()
+    return qps, stats
+
+
+def served(
+    index_dir: Path, queries: list[str], clients: int, method: str, overrides: list[str]
+) -> tuple[float, dict]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "asearch",
+        "serve",
+        "--index",
+        str(index_dir),
+        "--method",
+        method,
+        "--port",
+        "0",
+    ]
+    cmd.append("log_level=warning")
+    proc = subprocess.Popen([*cmd, *overrides], stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        url = None
+        while url is None:
+            line = proc.stderr.readline()
+            if not line:
+                raise SystemExit("asearch serve exited before printing its url")
+            m = re.search(r"server at (http://[\d.]+:\d+)", line)
+            url = m.group(1) if m else None
+        for _ in range(600):
+            try:
+                httpx.get(url + "/health")
+                break
+            except httpx.ConnectError:
+                time.sleep(0.05)
+        return asyncio.run(hammer(url, queries, clients))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--passages", type=int, default=20_000)
+    ap.add_argument("--queries", type=int, default=1_024)
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument(
+        "--method", choices=("bm25", "dense"), default="bm25", help="dense: bundled MiniLM, 1 thread"
+    )
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        index_dir = build(Path(tmp), args.passages, args.method)
+        queries = queries_for(args.queries)
+        seq_qps, batch_qps = in_process(index_dir, queries, args.method)
+        off_qps, off_stats = served(index_dir, queries, args.clients, args.method, ["max_batch=1"])
+        on_qps, on_stats = served(index_dir, queries, args.clients, args.method, [])
+        zero_qps, zero_stats = served(index_dir, queries, args.clients, args.method, ["batch_window_ms=0"])
+    p = lambda s: s["endpoints"]["/retrieve"]["latency_ms"]  # noqa: E731
+    print(
+        f"{args.method}: {args.passages:,} passages, {args.queries:,} queries, {args.clients} clients, topk {TOPK}"
+    )
+    print("| mode | QPS | p50 ms | p99 ms | mean batch |")
+    print("|---|---|---|---|---|")
+    print(f"| in-process, one query per call | {seq_qps:,.0f} | | | 1 |")
+    print(f"| in-process, one call for all | {batch_qps:,.0f} | | | {args.queries} |")
+    rows = (
+        ("HTTP, batching off (max_batch=1)", off_qps, off_stats),
+        ("HTTP, batching on (default window)", on_qps, on_stats),
+        ("HTTP, batching on, window 0 ms", zero_qps, zero_stats),
+    )
+    for name, qps, st in rows:
+        b = st["batching"]
+        print(
+            f"| {name} | {qps:,.0f} | {p(st)['p50']} | {p(st)['p99']} | {b['queries'] / max(1, b['batches']):.1f} |"
+        )
+    print(f"batching on / off: {on_qps / off_qps:.2f}x; window 0 / off: {zero_qps / off_qps:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,303 @@
+"""`asearch eval` (run or resume an evaluation of the agent) and `asearch data fetch|list|show`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from asearch.cli.console import ConfigOption, OverridesArg, console
+
+app = typer.Typer(
+    help="Evaluate the agent on QA datasets (resumable; rerun the same command to continue).",
+    subcommand_metavar="",  # a command of its own: no subcommands to list in the usage line
+    context_settings={"allow_interspersed_args": True},  # options may follow the overrides, as in a command
+)
+data_app = typer.Typer(help="Fetch, list and inspect evaluation datasets.", no_args_is_help=True)
+stdout = Console()
+
+
+def _flag_overrides(**flags: Any) -> list[str]:
+    """Explicit CLI flags as `eval.key=value` overrides (applied after the file and the positional overrides)."""
+    out = []
+    for key, value in flags.items():
+        if value is None or value == [] or value is False:
+            continue
+        if isinstance(value, Path):
+            value = str(value)
+        out.append(f"eval.{key}={json.dumps(value)}")
+    return out
+
+
+def _run_config_model() -> type:
+    """The YAML shape of `asearch eval -c`: the runtime's engine/tools/agent plus an `eval:` section.
+
+    Built on first use so that `asearch --help` does not import the agent runtime.
+    """
+    from pydantic import Field
+
+    from asearch.agent.runtime import RuntimeConfig
+    from asearch.eval.config import EvalConfig
+
+    class EvalRunConfig(RuntimeConfig):
+        eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    return EvalRunConfig
+
+
+def _aggregate_config_model() -> type:
+    """The same YAML shape with the runtime sections left unchecked (aggregating needs only `eval:`)."""
+    from pydantic import Field
+
+    from asearch.config import Config
+    from asearch.eval.config import EvalConfig
+
+    class AggregateConfig(Config):
+        engine: dict[str, Any] = Field(default_factory=dict)
+        tools: dict[str, Any] = Field(default_factory=dict)
+        agent: dict[str, Any] = Field(default_factory=dict)
+        eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    return AggregateConfig
+
+
+def _canonical_corpus(spec: str | None) -> str | None:
+    """`world:1000` -> `world:seed=1000,entities=2000` (the name WorldCorpus reports); others unchanged."""
+    if not spec or not (spec == "world" or spec.startswith("world:")):
+        return spec
+    from asearch.corpus.sources import parse_world_spec
+    from asearch.corpus.world.source import DEFAULT_ENTITIES
+
+    kw = parse_world_spec(spec)
+    return f"world:seed={kw.get('seed', 0)},entities={kw.get('n_entities', DEFAULT_ENTITIES)}"
+
+
+def _warn_corpus_mismatch(records: list[Any], tools_cfg: Any) -> None:
+    """Built-in questions name the corpus they are about; searching another corpus cannot answer them."""
+    if tools_cfg.index is not None or tools_cfg.server_url is not None:
+        return  # cannot tell what a prebuilt index or a server holds
+    wanted = sorted({r.metadata["corpus"] for r in records if isinstance(r.metadata.get("corpus"), str)})
+    have = _canonical_corpus(tools_cfg.corpus)
+    for corpus in wanted:
+        if corpus != have:
+            console.print(
+                f"[yellow]warning[/yellow]: some questions are about corpus {escape(corpus)!s} but the tools search "
+                f"{escape(str(tools_cfg.corpus))}; set tools.corpus={escape(corpus)}"
+            )
+
+
+@app.callback(invoke_without_command=True)
+def eval_command(
+    dataset: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--dataset",
+            "-d",
+            help="Dataset: world[:opts], wiki10k[:opts], a file, a dir, or a name under --data-dir. Repeatable.",
+        ),
+    ] = None,
+    k: Annotated[int | None, typer.Option("--k", help="Passes per question (Avg@k / Pass@k).")] = None,
+    seeds: Annotated[
+        str | None, typer.Option("--seeds", help="Comma-separated seed per pass (sets k).")
+    ] = None,
+    concurrency: Annotated[int | None, typer.Option("--concurrency", help="Questions in flight.")] = None,
+    shard: Annotated[
+        str | None, typer.Option("--shard", help="i/n: run one of n parts of the questions.")
+    ] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Output dir (rerun with it to resume).")] = None,
+    split: Annotated[str | None, typer.Option("--split", help="Split file under the data dir.")] = None,
+    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="Where fetched datasets live.")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", help="First N questions of each dataset.")] = None,
+    aggregate: Annotated[
+        bool,
+        typer.Option("--aggregate-only", help="Recompute the summary from results on disk; run nothing."),
+    ] = False,
+    judge_url: Annotated[
+        str | None, typer.Option("--judge-url", help="OpenAI-compatible judge base url.")
+    ] = None,
+    judge_model: Annotated[str | None, typer.Option("--judge-model", help="Judge model name.")] = None,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
+    config: ConfigOption = None,
+    overrides: OverridesArg = None,
+) -> None:
+    """Run the agent on each question k times, score EM/F1/CEM (+ LLM judge), write results and summaries.
+
+    Examples: `asearch eval -d world:hops=2 --k 4 tools.corpus=world:seed=1000`;
+    `asearch eval -d nq -d hotpotqa --limit 500 -c configs/eval.yaml --judge-url http://127.0.0.1:8001/v1
+    --judge-model Qwen2.5-72B-Instruct`; `asearch eval --out runs/eval/x --aggregate-only`.
+    """
+    from asearch.config import dump_config, load_config
+    from asearch.eval.config import build_judge, default_out_dir
+    from asearch.eval.runner import aggregate_only, parse_shard
+
+    seed_list = [int(s) for s in seeds.split(",")] if seeds else None
+    flags = _flag_overrides(
+        datasets=dataset or None,
+        k=len(seed_list) if seed_list else k,
+        seeds=seed_list,
+        concurrency=concurrency,
+        shard=shard,
+        out=out,
+        split=split,
+        data_dir=data_dir,
+        limit=limit,
+    )
+    if judge_url:
+        flags.append(f"eval.judge.url={json.dumps(judge_url)}")
+    if judge_model:
+        flags.append(f"eval.judge.model={json.dumps(judge_model)}")
+
+    if aggregate:  # only eval.out / eval.datasets matter: skip importing (and validating) the agent runtime
+        light = load_config(_aggregate_config_model(), config, [*(overrides or []), *flags])
+        summary = aggregate_only(light.eval.out or default_out_dir(light.eval.datasets))
+        _print_summary(summary.summary, summary.out_dir)
+        return
+
+    cfg = load_config(_run_config_model(), config, [*(overrides or []), *flags])
+    e = cfg.eval
+    run_dir = e.out or default_out_dir(e.datasets)
+    records = _load_records(e)
+    console.print(
+        f"[bold]eval[/bold] {len(records)} questions from {', '.join(map(escape, e.datasets))}; k={e.k}, "
+        f"shard {e.shard}, concurrency {e.concurrency} -> {escape(str(run_dir))}"
+    )
+    _warn_corpus_mismatch(records, cfg.tools)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, run_dir / "eval_config.yaml")
+
+    from asearch.agent.runtime import RuntimeConfig, build_runtime
+    from asearch.eval.runner import agent_solver, evaluate_async
+
+    runtime_cfg = RuntimeConfig.model_validate(cfg.model_dump(include={"engine", "tools", "agent"}))
+    runtime = build_runtime(runtime_cfg, progress=progress)
+    judge, judge_client = build_judge(e.judge)
+
+    async def run() -> Any:
+        try:
+            return await evaluate_async(
+                agent_solver(runtime.engine, runtime.tokenizer, runtime.tools, runtime.agent_cfg),
+                records,
+                out_dir=run_dir,
+                k=e.k,
+                seeds=e.seeds,
+                concurrency=e.concurrency,
+                shard=parse_shard(e.shard),
+                judge=judge,
+                progress=progress,
+                # the agent's identity: resuming into this dir with another engine/tools/agent is refused
+                config={
+                    "runtime": runtime_cfg.model_dump(mode="json"),
+                    "judge": e.judge.model_dump(mode="json"),
+                },
+                max_failures=e.max_failures,
+            )
+        finally:
+            await runtime.close()
+            closer = getattr(judge_client, "aclose", None) or getattr(judge_client, "close", None)
+            if closer is not None:
+                res = closer()
+                if hasattr(res, "__await__"):
+                    await res
+
+    summary = asyncio.run(run())
+    _print_summary(summary.summary, summary.out_dir)
+    console.print(f"results: {summary.resumed} resumed, {summary.written} new, {summary.failed} failed")
+    if summary.failed:
+        console.print(
+            f"[red]{summary.failed} questions failed[/red] (see {escape(str(summary.out_dir / 'errors.jsonl'))}); "
+            "run the same command again to retry them"
+        )
+        raise typer.Exit(1)
+
+
+def _load_records(e: Any) -> list[Any]:
+    from asearch.eval.datasets import load_dataset
+
+    records = []
+    for spec in e.datasets:
+        records += load_dataset(spec, split=e.split, data_dir=e.data_dir, limit=e.limit)
+    return records
+
+
+def _print_summary(summary: dict[str, Any], out_dir: Path) -> None:
+    from asearch.eval.report import render_markdown
+
+    print(render_markdown(summary, title=f"Evaluation: {out_dir}"), end="")  # plain: readable at any width
+    console.print(f"summary: {escape(str(out_dir / 'summary.json'))}, {escape(str(out_dir / 'summary.md'))}")
+
+
+# --------------------------------------------------------------------------- asearch data
+
+
+@data_app.command("fetch")
+def data_fetch(
+    name: Annotated[str, typer.Argument(help="A fetchable dataset (see `asearch data list`).")],
+    out: Annotated[Path, typer.Option("--out", help="Data dir; writes <out>/<name>/test.jsonl.")] = Path(
+        "data"
+    ),
+    source_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--from", help="Convert a local copy of the hub's files (jsonl/json/parquet/tsv/csv) instead."
+        ),
+    ] = None,
+) -> None:
+    """Download a public benchmark (needs network and `pip install datasets`) and convert it to asearch jsonl."""
+    from asearch.eval.fetch import fetch_dataset
+
+    result = fetch_dataset(name, out, source_file=source_file)
+    skipped = ", ".join(f"{n} {reason}" for reason, n in result.skipped.items()) or "none"
+    console.print(
+        f"[green]wrote[/green] {result.count} questions to {escape(str(result.path))} (skipped: {skipped})"
+    )
+
+
+@data_app.command("list")
+def data_list(
+    data_dir: Annotated[Path, typer.Option("--data-dir", help="Where fetched datasets live.")] = Path("data"),
+) -> None:
+    """Built-in sets, fetchable benchmarks (and whether they are in the data dir)."""
+    from asearch.eval.fetch import FETCHABLE
+
+    table = Table(title="evaluation datasets")
+    for col in ("name", "source", "split", "local", "note"):
+        table.add_column(col)
+    table.add_row("world[:seed=,n=,hops=,entities=,qseed=]", "generated (held-out seed 1000)", "-", "built-in",
+                  "k-hop questions with evidence; index the same world (tools.corpus)")  # fmt: skip
+    table.add_row("wiki10k[:n=,seed=]", "generated from wiki10k", "-", "built-in",
+                  "description -> article title; tools.corpus=wiki10k")  # fmt: skip
+    for spec in FETCHABLE.values():
+        local = data_dir / spec.name / "test.jsonl"
+        n = sum(1 for _ in open(local, "rb")) if local.is_file() else None
+        hub = spec.hub_id + (f" ({spec.config})" if spec.config else "")
+        table.add_row(spec.name, hub, spec.split, f"{n} questions" if n is not None else "-", spec.note)
+    stdout.print(table)
+
+
+@data_app.command("show")
+def data_show(
+    spec: Annotated[str, typer.Argument(help="A dataset name, file, dir or built-in spec.")],
+    n: Annotated[int, typer.Option("-n", help="How many questions to print.")] = 3,
+    split: Annotated[str, typer.Option("--split")] = "test",
+    data_dir: Annotated[Path, typer.Option("--data-dir")] = Path("data"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print asearch jsonl lines.")] = False,
+) -> None:
+    """Count a dataset's questions and print the first few (validates the whole file)."""
+    from asearch.eval.datasets import load_dataset
+
+    records = load_dataset(spec, split=split, data_dir=data_dir)
+    if as_json:
+        for r in records[:n]:
+            print(json.dumps(r.to_jsonl_dict(), ensure_ascii=False))
+        return
+    console.print(f"[bold]{escape(records[0].dataset)}[/bold]: {len(records)} questions")
+    for r in records[:n]:
+        stdout.print(
+            f"[bold]{escape(r.id)}[/bold] {escape(r.question)}\n  golds: {escape(' | '.join(r.golds))}"
+        )

@@ -1,0 +1,217 @@
+"""`asearch demo`: world -> tokenizer + tiny model -> expert SFT -> asynchronous RL -> held-out eval, plot, report.
+
+Everything is real: BM25 top-k over all passages of the world (distractors come back), the agent
+loop, the in-process engine, the decoupled-PPO trainer. Held-out questions come from another world
+(another seed: disjoint names and facts), so accuracy there measures search skill, not memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import Field
+
+from asearch.agent.loop import AgentConfig, run_episode
+from asearch.agent.runtime import ToolsConfig, build_tools
+from asearch.config import Config
+from asearch.engine.inprocess import InProcessEngineConfig
+from asearch.engine.scripted import ScriptedEngine
+from asearch.files import write_jsonl
+from asearch.metrics.reward import RewardConfig
+from asearch.rl.controller import ControllerConfig
+from asearch.rl.loss import LossConfig
+from asearch.rl.run import HeldoutConfig, TrainConfig, heldout_accuracy, train
+from asearch.rl.sft import SFTConfig, sft, trajectories_to_samples
+from asearch.rl.trainer import OptimConfig, TrainerConfig
+from asearch.runs import RunDir
+
+# The demo agent: no system prompt (the tiny model learns the protocol from SFT), search + answer only.
+DEMO_STYLE = {
+    "system_prompt": "",
+    "use_chat_template": False,
+    "reading_turns": False,
+    "user_template": "Question: {question}",
+    "observation_template": "\n<information>\n{text}\n</information>\n",
+}
+
+
+class DemoConfig(Config):
+    seed: int = Field(0, description="Seeds the worlds, the model, SFT and RL.")
+    out: Path | None = Field(None, description="Run directory (default runs/demo-seed<seed>-<time>).")
+    world_entities: int = Field(3000, ge=100, description="Entities of the training world.")
+    heldout_entities: int = Field(2000, ge=100, description="Entities of the held-out world.")
+    hops: tuple[int, ...] = (1, 2, 3)
+    train_questions: int = 3000
+    heldout_questions: int = 300
+    heldout_during_rl: int = Field(100, description="Held-out questions evaluated periodically during RL.")
+    topk: int = Field(3, ge=1, description="Search results per query.")
+    vocab_size: int = 2000
+    hidden: int = 128
+    layers: int = 4
+    heads: int = 4
+    expert_episodes: int = 3000
+    p_skip: float = Field(0.5, description="Expert stops one hop short with this probability per extra hop.")
+    p_wrong: float = Field(0.25, description="Expert copies a wrong name on one-hop questions.")
+    sft: SFTConfig = Field(default_factory=lambda: SFTConfig(steps=300, batch_size=32, lr=3e-3))
+    rl_seconds: float = Field(600.0, gt=0, description="RL wall-time budget.")
+    rl_steps: int = 1000
+    rollout: ControllerConfig = Field(
+        default_factory=lambda: ControllerConfig(batch_size=8, group_size=8, max_staleness=2, max_concurrent=16)
+    )
+    lr: float = 2e-4
+    eval_every_s: float = 60.0
+    threads: int = Field(1, description="torch threads for the trainer and for the engine (each).")
+    max_turns: int = 8
+
+
+def _forward_only(records: list[Any]) -> list[Any]:
+    """Questions whose relation path only goes forward (no inverse step), which the expert can walk."""
+    return [r for r in records if not any(str(p).startswith("~") for p in r.metadata["path"])]
+
+
+def _world_records(seed: int, entities: int, n: int, hops: tuple[int, ...], dataset: str) -> list[Any]:
+    from asearch.eval.builtin import WorldSetSpec, world_questions
+
+    pool = _forward_only(world_questions(WorldSetSpec(seed=seed, n=3 * n, hops=hops, entities=entities), dataset=dataset))
+    by_hops: dict[int, list[Any]] = {}
+    for r in pool:
+        by_hops.setdefault(r.metadata["hops"], []).append(r)
+    per = n // len(hops)
+    out = [r for h in hops for r in by_hops.get(h, [])[:per]]
+    return out
+
+
+def _tokenizer_texts(corpus, tools, records) -> Any:
+    """Pages plus rendered search observations, so tags, urls and result headers get merged tokens."""
+    for doc in corpus.documents():
+        yield doc.title + "\n" + doc.text
+    for r in records[:500]:
+        ev = r.metadata["evidence"]
+        yield f"Question: {r.question}\n<search>{ev[0]['entity']}</search>\n<information>\n[Doc 1]({ev[0]['url']}):\n"
+        yield f"<answer>{r.golds[0]}</answer>"
+
+
+def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
+    from asearch.corpus.world import WorldCorpus
+    from asearch.models.tiny import build_tiny_model, save_tiny, train_bpe_tokenizer
+
+    t_start = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(cfg.threads)
+    out = cfg.out or Path("runs") / f"demo-seed{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run = RunDir(out)
+    run.save_config(cfg)
+    train_seed, heldout_seed = 2 * cfg.seed + 1, 2 * cfg.seed + 128  # disjoint name spaces (mod 256)
+
+    # ---- 1. worlds, questions, indexes
+    train_spec = f"world:seed={train_seed},entities={cfg.world_entities}"
+    heldout_spec = f"world:seed={heldout_seed},entities={cfg.heldout_entities}"
+    log(f"[1/6] worlds: train {train_spec}, held-out {heldout_spec}")
+    train_records = _world_records(train_seed, cfg.world_entities, cfg.train_questions, cfg.hops, "world-train")
+    heldout_records = _world_records(heldout_seed, cfg.heldout_entities, cfg.heldout_questions, cfg.hops, "world-heldout")
+    data_dir = run.path / "data"
+    write_jsonl(data_dir / "train.jsonl", (r.to_jsonl_dict() for r in train_records))
+    write_jsonl(data_dir / "heldout.jsonl", (r.to_jsonl_dict() for r in heldout_records))
+    write_jsonl(data_dir / "heldout_small.jsonl", (r.to_jsonl_dict() for r in heldout_records[:: max(1, len(heldout_records) // cfg.heldout_during_rl)][: cfg.heldout_during_rl]))
+    search_cfg = {"topk": cfg.topk}
+    train_tools_cfg = ToolsConfig(corpus=train_spec, search=search_cfg, access=None)
+    heldout_tools_cfg = ToolsConfig(corpus=heldout_spec, search=search_cfg, access=None)
+    train_tools, _ = build_tools(train_tools_cfg, progress=False)
+    heldout_tools, _ = build_tools(heldout_tools_cfg, progress=False)
+    log(f"      {len(train_records)} training and {len(heldout_records)} held-out questions (hops {cfg.hops})")
+
+    # ---- 2. tokenizer and tiny model
+    tokenizer = train_bpe_tokenizer(_tokenizer_texts(WorldCorpus(train_seed, cfg.world_entities), train_tools, train_records), vocab_size=cfg.vocab_size)
+    model = build_tiny_model(tokenizer, hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads, max_positions=1024, seed=cfg.seed)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"[2/6] tokenizer {len(tokenizer)} tokens; model {n_params:,} parameters")
+    agent_cfg = AgentConfig(style="search-r1", style_options=DEMO_STYLE, max_turns=cfg.max_turns, max_new_tokens=48, max_context_tokens=1024)
+
+    # ---- 3. expert trajectories through the real loop and tools, then SFT
+    from asearch.demo.expert import WorldExpert, plan_from_record
+
+    expert = WorldExpert({r.question: plan_from_record(r.model_dump()) for r in train_records}, p_skip=cfg.p_skip, p_wrong=cfg.p_wrong, seed=cfg.seed)
+    engine = ScriptedEngine(tokenizer, expert)
+
+    async def expert_runs():
+        sem = asyncio.Semaphore(64)
+
+        async def one(i):
+            async with sem:
+                r = train_records[i % len(train_records)]
+                return await run_episode(engine, tokenizer, train_tools, r.question, agent_cfg)
+
+        return await asyncio.gather(*(one(i) for i in range(cfg.expert_episodes)))
+
+    t0 = time.perf_counter()
+    expert_trajs = asyncio.run(expert_runs())
+    samples = trajectories_to_samples(expert_trajs)
+    mean_len = sum(len(s.token_ids) for s in samples) / len(samples)
+    log(f"[3/6] {len(expert_trajs)} expert episodes in {time.perf_counter() - t0:.0f}s (mean {mean_len:.0f} tokens); SFT {cfg.sft.steps} steps")
+    t0 = time.perf_counter()
+    losses = sft(model, samples, cfg.sft, on_step=lambda s, loss: log(f"      sft step {s + 1} loss {loss:.3f}") if (s + 1) % 50 == 0 else None)
+    sft_seconds = time.perf_counter() - t0
+    model_dir = run.path / "model-sft"
+    save_tiny(model, tokenizer, model_dir)
+
+    # ---- 4. held-out accuracy before RL is measured by the RL run's first evaluation (same engine, greedy)
+    # ---- 5. asynchronous RL
+    train_cfg = TrainConfig(
+        seed=cfg.seed, out=run.path / "rl", model=str(model_dir), threads=cfg.threads,
+        engine=InProcessEngineConfig(threads=cfg.threads, max_batch=128, max_seq_len=1024),
+        tools=train_tools_cfg, agent=agent_cfg, data=str(data_dir / "train.jsonl"),
+        reward=RewardConfig(metric="em", format_gate=True), rollout=cfg.rollout,
+        trainer=TrainerConfig(optim=OptimConfig(lr=cfg.lr), loss=LossConfig(eps_clip=0.2), token_budget=16384),
+        steps=cfg.rl_steps, max_rl_seconds=cfg.rl_seconds,
+        heldout=HeldoutConfig(dataset=str(data_dir / "heldout_small.jsonl"), tools=heldout_tools_cfg, every_s=cfg.eval_every_s),
+        checkpoint_every=20,
+    )  # fmt: skip
+    log(f"[4/6] held-out accuracy before RL (greedy, {len(heldout_records)} questions)")
+    before = _heldout(model, tokenizer, heldout_tools, heldout_records, agent_cfg, cfg)
+    log(f"      before: {before:.3f}")
+    log(f"[5/6] asynchronous RL for up to {cfg.rl_seconds:.0f}s")
+    rl_run = RunDir(run.path / "rl")
+    rl_summary = asyncio.run(train(train_cfg, run=rl_run, log=lambda m: log("      " + m), model=model, tokenizer=tokenizer))
+    after = _heldout(model, tokenizer, heldout_tools, heldout_records, agent_cfg, cfg)
+    log(f"[6/6] held-out accuracy after RL: {after:.3f} (before {before:.3f})")
+
+    summary = {
+        "seed": cfg.seed,
+        "heldout_acc_before": before,
+        "heldout_acc_after": after,
+        "rl_wall_seconds": rl_summary["rl_wall_seconds"],
+        "rl_steps": rl_summary["steps"],
+        "sft_seconds": sft_seconds,
+        "sft_final_loss": losses[-1],
+        "wall_seconds": time.perf_counter() - t_start,
+        "parameters": n_params,
+        "expert_mean_tokens": mean_len,
+        "heldout_questions": len(heldout_records),
+        "rejected_groups": rl_summary["rejected_groups"],
+    }
+    run.write_summary(summary)
+    from asearch.demo.report import write_plot, write_report
+
+    write_plot(rl_run.metrics(), run.path / "curve.png", before=before, after=after)
+    write_report(run.path / "report.md", summary, cfg)
+    return summary
+
+
+def _heldout(model, tokenizer, tools, records, agent_cfg, cfg) -> float:
+    from asearch.engine.inprocess import InProcessEngine
+
+    async def go():
+        engine = InProcessEngine(model, tokenizer, cfg=InProcessEngineConfig(threads=cfg.threads, max_batch=128, max_seq_len=1024))
+        try:
+            acc, _ = await heldout_accuracy(
+                engine, tokenizer, tools, [r.model_dump() for r in records], agent_cfg, RewardConfig(metric="em"), 128
+            )
+            return acc
+        finally:
+            await engine.close()
+
+    return asyncio.run(go())

@@ -1,0 +1,373 @@
+"""A lean forward pass for Llama-family decoders (Llama, Qwen2, Qwen3) over a slot-addressed KV cache.
+
+The in-process engine runs this instead of the transformers module: on CPU with small models the
+per-op Python overhead of the generic path dominates, and the engine needs ragged per-row positions
+(every row of a batch at its own length) which this code expresses with one mask. The weights are the
+engine's own snapshot, built from a state dict (the HF model's, a trainer's, or a safetensors directory)
+with q/k/v and gate/up fused into single matmuls. Tests check it against the transformers forward.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from asearch.errors import ConfigError
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderSpec:
+    """The architecture numbers the forward pass needs, read once from a transformers config."""
+
+    model_type: str
+    vocab_size: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    rms_eps: float
+    tie_embeddings: bool
+    qk_norm: bool  # Qwen3 normalises each head of q and k before RoPE
+    max_positions: int
+
+    @classmethod
+    def from_config(cls, config: Any) -> DecoderSpec:
+        mt = getattr(config, "model_type", None)
+        if mt not in SUPPORTED_MODEL_TYPES:
+            raise ConfigError(
+                f"in-process engine supports model types {SUPPORTED_MODEL_TYPES}, got {mt!r} "
+                "(serve other architectures with the vLLM or SGLang engine)"
+            )
+        act = getattr(config, "hidden_act", "silu")
+        if act != "silu":
+            raise ConfigError(f"in-process engine supports hidden_act 'silu', got {act!r}")
+        layer_types = getattr(config, "layer_types", None) or []
+        if getattr(config, "use_sliding_window", False) or any(t != "full_attention" for t in layer_types):
+            raise ConfigError(
+                "in-process engine does not implement sliding-window attention (set use_sliding_window=False)"
+            )
+        rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+        if rope.get("rope_type", rope.get("type", "default")) == "dynamic":
+            raise ConfigError("in-process engine does not implement dynamic RoPE scaling")
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        return cls(
+            model_type=mt,
+            vocab_size=config.vocab_size,
+            hidden=config.hidden_size,
+            layers=config.num_hidden_layers,
+            heads=heads,
+            kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=head_dim,
+            intermediate=config.intermediate_size,
+            rms_eps=float(config.rms_norm_eps),
+            tie_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            qk_norm=mt == "qwen3",
+            max_positions=int(getattr(config, "max_position_embeddings", 1 << 20)),
+        )
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    """One decoder layer; projection matrices are stored transposed, (in, out), for plain `mm`."""
+
+    in_norm: Tensor
+    qkv_wt: Tensor  # hidden, (heads + 2 kv_heads) * head_dim
+    qkv_b: Tensor | None
+    o_wt: Tensor
+    o_b: Tensor | None
+    q_norm: Tensor | None
+    k_norm: Tensor | None
+    post_norm: Tensor
+    gate_up_wt: Tensor  # hidden, 2 * intermediate
+    gate_up_b: Tensor | None
+    down_wt: Tensor
+    down_b: Tensor | None
+
+
+@dataclass(slots=True)
+class DecoderWeights:
+    embed: Tensor
+    layers: list[LayerWeights]
+    final_norm: Tensor
+    lm_head: Tensor
+
+    @classmethod
+    def from_state_dict(
+        cls, spec: DecoderSpec, sd: Mapping[str, Tensor], dtype: torch.dtype
+    ) -> DecoderWeights:
+        """Copy (never alias) the tensors of an HF-named state dict into the fused layout.
+
+        Validates every name and shape first, so a bad state dict raises ConfigError and leaves the
+        caller's current weights untouched.
+        """
+        expected = expected_shapes(spec)
+        ignorable = {"lm_head.weight"} if spec.tie_embeddings else set()
+        required = {k for k in expected if not k.endswith(".bias")} - ignorable
+        missing = sorted(k for k in required if k not in sd)
+        unexpected = sorted(k for k in sd if k not in expected and not k.endswith("rotary_emb.inv_freq"))
+        bad_shape = [
+            f"{k}: {tuple(sd[k].shape)} != {shape}"
+            for k, shape in expected.items()
+            if k in sd and tuple(sd[k].shape) != shape
+        ]
+        if missing or unexpected or bad_shape:
+            raise ConfigError(
+                f"state dict does not fit this {spec.model_type} model: "
+                f"missing {missing[:6]}{'...' if len(missing) > 6 else ''}, "
+                f"unexpected {unexpected[:6]}{'...' if len(unexpected) > 6 else ''}, "
+                f"wrong shapes {bad_shape[:6]}"
+            )
+
+        def get(name: str) -> Tensor:
+            return sd[name].detach().to(device="cpu", dtype=dtype).clone()
+
+        def opt(name: str) -> Tensor | None:
+            return get(name) if name in sd else None
+
+        def cat(*names: str) -> Tensor:
+            return torch.cat([sd[n].detach().to(device="cpu", dtype=dtype) for n in names], dim=0)
+
+        def t(w: Tensor) -> Tensor:  # (out, in) -> contiguous (in, out)
+            return w.t().contiguous()
+
+        def opt_cat(*names: str) -> Tensor | None:
+            present = [n in sd for n in names]
+            if not any(present):
+                return None
+            if not all(present):  # Qwen2-style: biases on q/k/v together or none
+                raise ConfigError(f"state dict has only some of {names}")
+            return cat(*names)
+
+        layers = []
+        for i in range(spec.layers):
+            p = f"model.layers.{i}."
+            a, m = p + "self_attn.", p + "mlp."
+            layers.append(
+                LayerWeights(
+                    in_norm=get(p + "input_layernorm.weight"),
+                    qkv_wt=t(cat(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight")),
+                    qkv_b=opt_cat(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"),
+                    o_wt=t(get(a + "o_proj.weight")),
+                    o_b=opt(a + "o_proj.bias"),
+                    q_norm=opt(a + "q_norm.weight"),
+                    k_norm=opt(a + "k_norm.weight"),
+                    post_norm=get(p + "post_attention_layernorm.weight"),
+                    gate_up_wt=t(cat(m + "gate_proj.weight", m + "up_proj.weight")),
+                    gate_up_b=opt_cat(m + "gate_proj.bias", m + "up_proj.bias"),
+                    down_wt=t(get(m + "down_proj.weight")),
+                    down_b=opt(m + "down_proj.bias"),
+                )
+            )
+        embed = get("model.embed_tokens.weight")
+        lm_head = embed if spec.tie_embeddings or "lm_head.weight" not in sd else get("lm_head.weight")
+        return cls(embed=embed, layers=layers, final_norm=get("model.norm.weight"), lm_head=lm_head)
+
+
+def expected_shapes(spec: DecoderSpec) -> dict[str, tuple[int, ...]]:
+    """Every parameter name a checkpoint of `spec` may carry, with its shape (all biases are optional)."""
+    h, d, q, kv = spec.hidden, spec.head_dim, spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
+    out: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (spec.vocab_size, h),
+        "model.norm.weight": (h,),
+        "lm_head.weight": (spec.vocab_size, h),
+    }
+    for i in range(spec.layers):
+        p = f"model.layers.{i}."
+        out[p + "input_layernorm.weight"] = (h,)
+        out[p + "post_attention_layernorm.weight"] = (h,)
+        for name, rows in (("q", q), ("k", kv), ("v", kv)):
+            out[p + f"self_attn.{name}_proj.weight"] = (rows, h)
+            out[p + f"self_attn.{name}_proj.bias"] = (rows,)
+        out[p + "self_attn.o_proj.weight"] = (h, q)
+        out[p + "self_attn.o_proj.bias"] = (h,)
+        if spec.qk_norm:
+            out[p + "self_attn.q_norm.weight"] = (d,)
+            out[p + "self_attn.k_norm.weight"] = (d,)
+        for name in ("gate", "up"):
+            out[p + f"mlp.{name}_proj.weight"] = (spec.intermediate, h)
+            out[p + f"mlp.{name}_proj.bias"] = (spec.intermediate,)
+        out[p + "mlp.down_proj.weight"] = (h, spec.intermediate)
+        out[p + "mlp.down_proj.bias"] = (h,)
+    return out
+
+
+def load_safetensors_dir(directory: str | Path) -> dict[str, Tensor]:
+    """Every tensor of an HF safetensors checkpoint directory (single file or sharded with an index)."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [directory / s for s in shards]
+    elif (directory / "model.safetensors").is_file():
+        files = [directory / "model.safetensors"]
+    else:
+        raise ConfigError(
+            f"{directory}: no model.safetensors or model.safetensors.index.json "
+            "(weights must be saved with save_pretrained(safe_serialization=True))"
+        )
+    sd: dict[str, Tensor] = {}
+    for f in files:
+        sd.update(load_file(str(f)))
+    return sd
+
+
+class RoPE:
+    """cos/sin tables for every position up to `max_len`, matching transformers' rotary embedding.
+
+    Stored as one (L, 2, d) table so a step gathers cos and sin with one index op, with the sign of
+    rotate_half folded into sin: rotate_half(x) * sin == roll(x, d/2) * signed_sin.
+    """
+
+    def __init__(self, inv_freq: Tensor, attention_scaling: float, max_len: int, dtype: torch.dtype):
+        pos = torch.arange(max_len, dtype=torch.float32)
+        freqs = pos[:, None] * inv_freq.float()[None, :]  # (L, d/2), computed as transformers does
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos() * attention_scaling, emb.sin() * attention_scaling
+        half = cos.shape[-1] // 2
+        signed_sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+        self.table = torch.stack((cos, signed_sin), dim=1).to(dtype)  # (L, 2, d)
+        self.half = half
+
+    def apply_(self, x: Tensor, cos_sin: Tensor) -> None:
+        """Rotate x (B, T, heads, d) in place; cos_sin (B, T, 2, d) from `table[pos]`."""
+        cos, sin = cos_sin[:, :, 0:1], cos_sin[:, :, 1:2]  # (B, T, 1, d): broadcast over heads
+        torch.addcmul(x * cos, x.roll(self.half, dims=-1), sin, out=x)
+
+
+class SlotKVCache:
+    """Per-layer K/V buffers of shape (slots, 2, kv_heads, length, head_dim), grown on demand.
+
+    Rows of a batch are slots; an active request owns one slot for its lifetime and keeps its tokens at
+    positions 0..n-1 of it. K and V share a buffer so one indexed write stores both. Both dimensions
+    start small and double up to the configured maximum, so a 64-slot engine with short episodes never
+    allocates the full max_batch x max_seq_len rectangle.
+    """
+
+    def __init__(self, spec: DecoderSpec, dtype: torch.dtype, max_slots: int, max_len: int):
+        self.spec, self.dtype = spec, dtype
+        self.max_slots, self.max_len = max_slots, max_len
+        self.slots, self.length = 0, 0
+        self.kv: list[Tensor] = []
+        self.ensure(min(4, max_slots), min(128, max_len))
+
+    def ensure(self, slots: int, length: int) -> None:
+        """Make room for `slots` rows and `length` positions (doubling, capped at the maxima)."""
+        if slots <= self.slots and length <= self.length:
+            return
+        if slots > self.max_slots or length > self.max_len:
+            raise ValueError(f"KV cache request {slots}x{length} exceeds {self.max_slots}x{self.max_len}")
+        new_slots = self.slots or 1
+        while new_slots < slots:
+            new_slots *= 2
+        new_len = self.length or 1
+        while new_len < length:
+            new_len *= 2
+        new_slots = min(max(new_slots, self.slots), self.max_slots)
+        new_len = min(max(new_len, self.length), self.max_len)
+        shape = (new_slots, 2, self.spec.kv_heads, new_len, self.spec.head_dim)
+        for i in range(self.spec.layers):
+            fresh = torch.zeros(shape, dtype=self.dtype)
+            if i < len(self.kv):
+                fresh[: self.slots, :, :, : self.length] = self.kv[i]
+                self.kv[i] = fresh
+            else:
+                self.kv.append(fresh)
+        self.slots, self.length = new_slots, new_len
+
+    def move(self, src: int, dst: int, n_tokens: int) -> None:
+        """Copy the first `n_tokens` positions of slot `src` into slot `dst` (compaction on finish)."""
+        if n_tokens > 0:
+            for buf in self.kv:
+                buf[dst, :, :, :n_tokens] = buf[src, :, :, :n_tokens]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.kv)
+
+
+def forward(
+    spec: DecoderSpec,
+    w: DecoderWeights,
+    rope: RoPE,
+    cache: SlotKVCache,
+    first_slot: int,
+    tokens: Tensor,
+    starts: Tensor,
+    n_real: Tensor,
+) -> Tensor:
+    """Run `tokens` for the contiguous slots first_slot .. first_slot+B-1 and return next-token logits.
+
+    tokens: (B, T) ids; row b holds its tokens at positions starts[b] .. starts[b]+T-1, of which the
+    first n_real[b] are real and the rest padding. Keys/values of all T positions are written into the
+    cache (padding lands beyond a row's length, where the mask hides it until real tokens overwrite it).
+    Each query attends to cached positions <= its own. Returns float32 logits (B, vocab) at each row's
+    last real token.
+    """
+    B, T = tokens.shape
+    N = B * T  # position-wise work runs on (N, H) rows; only attention needs the (B, T) structure
+    H, nh, nkv, d = spec.hidden, spec.heads, spec.kv_heads, spec.head_dim
+    pos = starts[:, None] + torch.arange(T)  # (B, T)
+    n_keys = int(starts.max()) + T
+    cache.ensure(first_slot + B, n_keys)
+    rows = torch.arange(first_slot, first_slot + B)[:, None]  # (B, 1), broadcasts against pos
+    cos_sin = rope.table[pos]  # (B, T, 2, d)
+    # Boolean mask, True = attend: key position j is visible to the query at position p iff j <= p.
+    mask = (torch.arange(n_keys)[None, None, :] <= pos[:, :, None]).unsqueeze(1)  # (B, 1, T, n_keys)
+    x = F.embedding(tokens.reshape(N), w.embed)  # (N, H)
+    q_end, k_end = nh * d, (nh + nkv) * d
+    for i, lw in enumerate(w.layers):
+        h = F.rms_norm(x, (H,), lw.in_norm, spec.rms_eps)
+        qkv = _proj(h, lw.qkv_wt, lw.qkv_b).view(B, T, -1)  # (B, T, (nh + 2 nkv) d): q | k | v
+        if lw.q_norm is not None:
+            qkv[..., :q_end] = F.rms_norm(
+                qkv[..., :q_end].view(B, T, nh, d), (d,), lw.q_norm, spec.rms_eps
+            ).view(B, T, -1)
+            qkv[..., q_end:k_end] = F.rms_norm(
+                qkv[..., q_end:k_end].view(B, T, nkv, d), (d,), lw.k_norm, spec.rms_eps
+            ).view(B, T, -1)
+        rope.apply_(qkv[..., :k_end].view(B, T, nh + nkv, d), cos_sin)  # q and k rotated together, in place
+        kvbuf = cache.kv[i]
+        # Advanced indices (rows, pos) around two slices: the indexed view is (B, T, 2, nkv, d), exactly
+        # the k | v part of qkv, so one write stores both.
+        kvbuf[rows, :, :, pos] = qkv[..., q_end:].view(B, T, 2, nkv, d)
+        keys = kvbuf[first_slot : first_slot + B, 0, :, :n_keys]  # (B, nkv, n_keys, d), a view
+        values = kvbuf[first_slot : first_slot + B, 1, :, :n_keys]
+        if T == 1:
+            # Decode: the nh / nkv query heads sharing a kv head become that head's "query positions"
+            # (same mask row for all), so each K/V block is read once per kv head rather than per q head.
+            q = qkv[..., :q_end].view(B, nkv, nh // nkv, d)
+            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask).reshape(N, nh * d)
+        else:
+            q = qkv[..., :q_end].view(B, T, nh, d).transpose(1, 2)  # (B, nh, T, d)
+            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=nkv != nh)
+            attn = attn.transpose(1, 2).reshape(N, nh * d)
+        x = _proj(attn, lw.o_wt, lw.o_b, residual=x)
+        h = F.rms_norm(x, (H,), lw.post_norm, spec.rms_eps)
+        gate_up = _proj(h, lw.gate_up_wt, lw.gate_up_b)
+        inter = gate_up.shape[-1] // 2
+        act = F.silu(gate_up[:, :inter]).mul_(gate_up[:, inter:])
+        x = _proj(act, lw.down_wt, lw.down_b, residual=x)
+    last = x.view(B, T, H)[torch.arange(B), n_real - 1]  # (B, H): only the rows' last real tokens need logits
+    last = F.rms_norm(last, (H,), w.final_norm, spec.rms_eps)
+    return F.linear(last, w.lm_head).float()
+
+
+def _proj(x: Tensor, wt: Tensor, bias: Tensor | None, residual: Tensor | None = None) -> Tensor:
+    """x @ wt (+ bias) (+ residual), with the residual add fused into the GEMM where possible."""
+    if residual is not None:
+        out = torch.addmm(residual, x, wt)
+        return out.add_(bias) if bias is not None else out
+    return torch.addmm(bias, x, wt) if bias is not None else torch.mm(x, wt)

@@ -1,0 +1,651 @@
+"""The in-process engine: continuous batching over a slot KV cache in a dedicated decode thread.
+
+Every decode step batches all active requests; new requests are prefilled between steps and join the
+batch, finished ones leave it. `update_weights` swaps weights between two steps and recomputes the KV
+cache of every in-flight request under the new weights, so one response may carry two versions.
+The asyncio side only enqueues commands and awaits futures: the event loop never runs torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import queue
+import random
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from pydantic import Field
+
+from asearch.config import Config
+from asearch.engine.decoder import (
+    DecoderSpec,
+    DecoderWeights,
+    RoPE,
+    SlotKVCache,
+    forward,
+    load_safetensors_dir,
+)
+from asearch.engine.sampling import RowSampling, sample
+from asearch.engine.types import GenerateRequest, GenerateResponse, StopReason, WeightSource
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
+
+
+class InProcessEngineConfig(Config):
+    """Knobs of the in-process engine. Defaults suit the CPU demo (tiny model, 64 concurrent episodes)."""
+
+    threads: int = Field(
+        1, ge=1, description="torch intra-op threads of the decode thread (1 on a shared 2-core box)"
+    )
+    max_batch: int = Field(64, ge=1, description="requests decoded together; more wait in a FIFO queue")
+    max_seq_len: int = Field(
+        2048,
+        ge=2,
+        description="prompt + output tokens per request (also capped by the model's max positions)",
+    )
+    prefill_chunk: int = Field(
+        512,
+        ge=1,
+        le=65536,
+        description="most prompt tokens one request prefills per step; longer prompts span steps",
+    )
+    max_prefill_tokens: int = Field(
+        8192, ge=1, description="padded tokens (rows x chunk) per prefill forward; bounds activation memory"
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="weights, activations and KV cache; float32 is the fast one on CPUs without bf16 units",
+    )
+    prefix_cache_mb: float = Field(
+        256.0,
+        ge=0,
+        description="KV of finished requests kept per trajectory_id so the next turn prefills only its new "
+        "tokens; LRU, dropped on weight update; 0 disables",
+    )
+    seed: int = Field(
+        0, description="seeds the per-request random streams of requests without their own seed"
+    )
+
+
+# --------------------------------------------------------------------------- per-request state
+
+
+@dataclass(eq=False, slots=True)
+class _Row:
+    """One request while it is queued or decoding; owned by the decode thread after submission."""
+
+    req: GenerateRequest
+    loop: asyncio.AbstractEventLoop
+    fut: asyncio.Future[GenerateResponse]
+    tokens: list[int]  # prompt + output so far; the last one is not yet in the KV cache while decoding
+    prompt_len: int
+    sampling: RowSampling
+    max_new: int
+    stop_ids: frozenset[int]
+    stop_strs: list[str]
+    stop_window: int  # trailing output tokens to decode when checking stop strings
+    t0: float
+    cached: int = 0  # tokens[:cached] have K/V in this row's slot under the current weights
+    reused: int = 0  # prompt tokens whose K/V came from the prefix cache
+    out_ids: list[int] = field(default_factory=list)
+    out_logprobs: list[float] = field(default_factory=list)
+    out_versions: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Parked:
+    """K/V of a finished request, kept so the next turn of the same trajectory skips its prefill."""
+
+    tokens: list[int]
+    version: int
+    kv: list[torch.Tensor]  # per layer (2, kv_heads, n, head_dim)
+    nbytes: int
+
+
+@dataclass(slots=True)
+class _Stats:
+    started: float = field(default_factory=time.perf_counter)
+    idle_s: float = 0.0
+    steps: int = 0
+    tokens_generated: int = 0
+    prefill_tokens: int = 0
+    recomputed_tokens: int = 0
+    prefix_reused_tokens: int = 0
+    requests_finished: int = 0
+    requests_aborted: int = 0
+    prompts_too_long: int = 0
+    weight_updates: int = 0
+
+
+# --------------------------------------------------------------------------- the engine
+
+
+class InProcessEngine:
+    """An `Engine` that decodes a Llama/Qwen2/Qwen3 model in this process, on CPU.
+
+    The engine snapshots the model's weights at construction (later changes to `model` do not leak
+    in; push them with `update_weights`). `tokenizer` is needed for stop strings, `messages` requests
+    and the `text` field; token-only use works without one.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        *,
+        cfg: InProcessEngineConfig | None = None,
+        version: int = 0,
+    ):
+        self.cfg = cfg or InProcessEngineConfig()
+        self.tokenizer = tokenizer
+        self.config = model.config
+        self.spec = DecoderSpec.from_config(model.config)
+        self._dtype = getattr(torch, self.cfg.dtype)
+        self.max_seq_len = min(self.cfg.max_seq_len, self.spec.max_positions)
+        with torch.inference_mode():
+            self._weights = DecoderWeights.from_state_dict(self.spec, model.state_dict(), self._dtype)
+            rotary = model.model.rotary_emb
+            self._rope = RoPE(rotary.inv_freq, float(rotary.attention_scaling), self.max_seq_len, self._dtype)
+            self._cache = SlotKVCache(self.spec, self._dtype, self.cfg.max_batch, self.max_seq_len)
+        self._version = version
+        self._seed_rng = random.Random(self.cfg.seed)
+        self._commands: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._rows: list[_Row] = []  # active, slot i == index i (kept compact)
+        self._waiting: collections.deque[_Row] = collections.deque()
+        self._parked: collections.OrderedDict[str, _Parked] = collections.OrderedDict()
+        self._parked_bytes = 0
+        self._paused = False
+        self._closed = False
+        self._stats = _Stats()
+        self._thread = threading.Thread(target=self._run, name="asearch-inprocess-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | os.PathLike[str],
+        *,
+        cfg: InProcessEngineConfig | None = None,
+        version: int = 0,
+    ) -> InProcessEngine:
+        """Load model and tokenizer by HF name, directory or built-in alias (see `asearch.models.loading`)."""
+        from asearch.models.loading import load_model, load_tokenizer
+
+        cfg = cfg or InProcessEngineConfig()
+        return cls(
+            load_model(name_or_path, dtype=cfg.dtype), load_tokenizer(name_or_path), cfg=cfg, version=version
+        )
+
+    # ----------------------------------------------------------------------- Engine protocol
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def generate(self, request: GenerateRequest) -> GenerateResponse:
+        """Decode one request; cancelling the awaiting task aborts it and frees its slot."""
+        if self._closed:
+            raise RuntimeError("engine is closed")
+        loop = asyncio.get_running_loop()
+        row = self._make_row(request, loop)
+        if row.prompt_len >= self.max_seq_len or row.max_new == 0:
+            if row.prompt_len >= self.max_seq_len:
+                self._stats.prompts_too_long += 1
+                log.warning(
+                    "prompt of %d tokens >= max_seq_len %d: nothing generated",
+                    row.prompt_len,
+                    self.max_seq_len,
+                )
+            return self._response(row, "length")
+        self._commands.put(("add", row))
+        try:
+            return await row.fut
+        except asyncio.CancelledError:
+            self._commands.put(("abort", row))
+            raise
+
+    async def pause(self) -> None:
+        """After this returns no decode step runs until `resume`; requests stay queued, none is lost."""
+        await self._call("pause")
+
+    async def resume(self) -> None:
+        await self._call("resume")
+
+    async def update_weights(self, source: WeightSource, version: int) -> None:
+        """Load new weights between two decode steps; in-flight requests continue under them.
+
+        `source` is a state dict (its tensors are copied before this returns, so the trainer may change
+        them right after) or an HF safetensors directory. Every in-flight request's KV cache is recomputed
+        (prompt + tokens so far) under the new weights before its next token, which carries `version`.
+        """
+        await self._call("update", source, version)
+
+    async def close(self) -> None:
+        """Stop the decode thread; requests still in flight get stop_reason "abort"."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread.is_alive():
+            await self._call("close")
+            await asyncio.to_thread(self._thread.join)
+
+    def stats(self) -> dict[str, float | int]:
+        """Throughput counters since construction (approximate while the thread runs)."""
+        s = self._stats
+        wall = max(time.perf_counter() - s.started, 1e-9)
+        return {
+            "version": self._version,
+            "active": len(self._rows),
+            "waiting": len(self._waiting),
+            "tokens_generated": s.tokens_generated,
+            "decode_steps": s.steps,
+            "mean_batch_size": s.tokens_generated / s.steps if s.steps else 0.0,
+            "prefill_tokens": s.prefill_tokens,
+            "recomputed_tokens": s.recomputed_tokens,
+            "prefix_reused_tokens": s.prefix_reused_tokens,
+            "requests_finished": s.requests_finished,
+            "requests_aborted": s.requests_aborted,
+            "prompts_too_long": s.prompts_too_long,
+            "weight_updates": s.weight_updates,
+            "idle_fraction": min(1.0, s.idle_s / wall),
+            "uptime_s": wall,
+            "kv_cache_mb": self._cache.nbytes() / 2**20,
+            "prefix_cache_mb": self._parked_bytes / 2**20,
+        }
+
+    # ----------------------------------------------------------------------- asyncio side helpers
+
+    async def _call(self, name: str, *args: Any) -> Any:
+        if not self._thread.is_alive():
+            raise RuntimeError("engine thread is not running (engine closed)")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._commands.put((name, loop, fut, *args))
+        return await fut
+
+    def _make_row(self, req: GenerateRequest, loop: asyncio.AbstractEventLoop) -> _Row:
+        sp = req.sampling
+        ids = req.input_ids
+        if ids is None:
+            if req.messages is None or self.tokenizer is None:
+                raise ValueError("request needs input_ids (or messages and an engine tokenizer)")
+            ids = self.tokenizer.apply_chat_template(
+                req.messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        ids = [int(t) for t in ids]
+        if not ids:
+            raise ValueError(f"request {req.request_id}: input_ids is empty")
+        if min(ids) < 0 or max(ids) >= self.spec.vocab_size:
+            raise ValueError(
+                f"request {req.request_id}: token id out of range [0, {self.spec.vocab_size}): {min(ids)}..{max(ids)}"
+            )
+        if sp.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {sp.temperature}")
+        if not 0.0 < sp.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {sp.top_p}")
+        if sp.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {sp.top_k}")
+        if sp.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {sp.max_new_tokens}")
+        if sp.stop and self.tokenizer is None:
+            raise ValueError(f"stop strings {sp.stop!r} need an engine tokenizer")
+        stops = [s for s in sp.stop if s]
+        seed = sp.seed if sp.seed is not None else self._seed_rng.getrandbits(63)
+        return _Row(
+            req=req,
+            loop=loop,
+            fut=loop.create_future(),
+            tokens=list(ids),
+            prompt_len=len(ids),
+            sampling=RowSampling(float(sp.temperature), int(sp.top_k), float(sp.top_p), random.Random(seed)),
+            max_new=min(sp.max_new_tokens, self.max_seq_len - len(ids)),
+            stop_ids=frozenset(sp.stop_token_ids),
+            stop_strs=stops,
+            # A stop string of n UTF-8 bytes spans at most n tokens (every token is >= 1 byte); +3 more
+            # cover a multi-byte character cut at the window's start.
+            stop_window=max((len(s.encode()) for s in stops), default=0) + 3,
+            t0=time.perf_counter(),
+        )
+
+    def _response(self, row: _Row, reason: StopReason) -> GenerateResponse:
+        text = (
+            self.tokenizer.decode(row.out_ids, skip_special_tokens=False)
+            if self.tokenizer and row.out_ids
+            else ""
+        )
+        return GenerateResponse(
+            output_ids=list(row.out_ids),
+            output_logprobs=list(row.out_logprobs),
+            output_versions=list(row.out_versions),
+            stop_reason=reason,
+            text=text,
+            input_len=row.prompt_len,
+            latency_s=time.perf_counter() - row.t0,
+            usage={
+                "prompt_tokens": row.prompt_len,
+                "completion_tokens": len(row.out_ids),
+                "cached_prompt_tokens": row.reused,
+            },
+        )
+
+    # ----------------------------------------------------------------------- decode thread
+
+    @staticmethod
+    def _post(
+        loop: asyncio.AbstractEventLoop,
+        fut: asyncio.Future[Any],
+        result: Any = None,
+        exc: BaseException | None = None,
+    ) -> None:
+        def deliver() -> None:
+            if fut.done():  # cancelled by its awaiter meanwhile
+                return
+            if exc is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(result)
+
+        try:
+            loop.call_soon_threadsafe(deliver)
+        except RuntimeError:  # the loop was closed: nobody is waiting any more
+            pass
+
+    def _run(self) -> None:
+        torch.set_num_threads(self.cfg.threads)
+        with torch.inference_mode():
+            while True:
+                busy = not self._paused and bool(self._rows or self._waiting)
+                if not self._handle_commands(block=not busy):
+                    return
+                if self._paused or not (self._rows or self._waiting):
+                    continue
+                try:
+                    self._step()
+                except Exception as e:  # a bug or OOM: fail what is in flight, keep serving new requests
+                    log.exception(
+                        "in-process engine step failed; failing %d in-flight requests", len(self._rows)
+                    )
+                    for row in [*self._rows, *self._waiting]:
+                        self._post(row.loop, row.fut, exc=e)
+                    self._rows.clear()
+                    self._waiting.clear()
+
+    def _handle_commands(self, *, block: bool) -> bool:
+        """Apply queued commands; wait for one if `block`. False once closed."""
+        while True:
+            try:
+                if block:
+                    t = time.perf_counter()
+                    cmd = self._commands.get()
+                    self._stats.idle_s += time.perf_counter() - t
+                    block = False
+                else:
+                    cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+            name = cmd[0]
+            if name == "add":
+                self._waiting.append(cmd[1])
+            elif name == "abort":
+                self._abort(cmd[1])
+            else:
+                loop, fut, *args = cmd[1:]
+                handler = {
+                    "pause": self._do_pause,
+                    "resume": self._do_resume,
+                    "update": self._do_update,
+                    "close": self._do_close,
+                }[name]
+                try:
+                    result = handler(*args)
+                except Exception as e:
+                    self._post(loop, fut, exc=e)
+                else:
+                    self._post(loop, fut, result)
+                if name == "close":
+                    return False
+
+    def _do_pause(self) -> None:
+        self._paused = True
+
+    def _do_resume(self) -> None:
+        self._paused = False
+
+    def _do_update(self, source: WeightSource, version: int) -> None:
+        t = time.perf_counter()
+        if isinstance(source, Mapping):
+            sd = source
+        else:
+            path = Path(source)
+            if not path.is_dir():
+                raise FileNotFoundError(f"update_weights: {path} is not a directory of safetensors")
+            sd = load_safetensors_dir(path)
+        self._weights = DecoderWeights.from_state_dict(self.spec, sd, self._dtype)  # validates first
+        self._version = version
+        for row in self._rows:  # K/V computed by the old weights is invalid: recompute on next step
+            self._stats.recomputed_tokens += row.cached
+            row.cached = 0
+        self._parked.clear()
+        self._parked_bytes = 0
+        self._stats.weight_updates += 1
+        log.info(
+            "weights updated to version %d in %.2f s; %d in-flight requests recompute",
+            version,
+            time.perf_counter() - t,
+            len(self._rows),
+        )
+
+    def _do_close(self) -> None:
+        for row in [*self._rows, *self._waiting]:
+            self._stats.requests_aborted += 1
+            self._post(row.loop, row.fut, self._response(row, "abort"))
+        self._rows.clear()
+        self._waiting.clear()
+        self._parked.clear()
+
+    def _abort(self, row: _Row) -> None:
+        if row in self._waiting:
+            self._waiting.remove(row)
+        elif row in self._rows:
+            self._remove(self._rows.index(row))
+        else:
+            return  # already finished
+        self._stats.requests_aborted += 1
+
+    def _remove(self, i: int) -> None:
+        """Free slot i, keeping slots compact: the last active row moves into the hole."""
+        last = len(self._rows) - 1
+        if i != last:
+            moved = self._rows[last]
+            self._cache.move(last, i, moved.cached)
+            self._rows[i] = moved
+        self._rows.pop()
+
+    # ----------------------------------------------------------------------- one step
+
+    def _step(self) -> None:
+        self._admit()
+        rows = self._rows
+        ready: list[int] = []  # rows whose whole sequence is cached after this step's forwards
+        logits: list[torch.Tensor] = []
+        decode = [i for i, r in enumerate(rows) if len(r.tokens) - r.cached == 1]
+        extend = [i for i, r in enumerate(rows) if len(r.tokens) - r.cached > 1]
+        for a, b in _runs(decode):
+            toks = torch.tensor([[rows[i].tokens[-1]] for i in range(a, b)])
+            starts = torch.tensor([rows[i].cached for i in range(a, b)])
+            logits.append(
+                forward(
+                    self.spec,
+                    self._weights,
+                    self._rope,
+                    self._cache,
+                    a,
+                    toks,
+                    starts,
+                    torch.ones(b - a, dtype=torch.long),
+                )
+            )
+            for i in range(a, b):
+                rows[i].cached += 1
+            ready.extend(range(a, b))
+        for a, b, width in self._prefill_groups(extend):
+            chunk = [rows[i].tokens[rows[i].cached : rows[i].cached + width] for i in range(a, b)]
+            n_real = [len(c) for c in chunk]
+            toks = torch.tensor([c + [0] * (width - len(c)) for c in chunk])
+            starts = torch.tensor([rows[i].cached for i in range(a, b)])
+            out = forward(
+                self.spec, self._weights, self._rope, self._cache, a, toks, starts, torch.tensor(n_real)
+            )
+            self._stats.prefill_tokens += sum(n_real)
+            done = []
+            for j, i in enumerate(range(a, b)):
+                rows[i].cached += n_real[j]
+                if rows[i].cached == len(rows[i].tokens):
+                    done.append(j)
+                    ready.append(i)
+            if done:
+                logits.append(out[torch.tensor(done)] if len(done) < b - a else out)
+        if not ready:
+            return
+        token_ids, token_lps = sample(torch.cat(logits), [rows[i].sampling for i in ready])
+        self._stats.steps += 1
+        self._stats.tokens_generated += len(ready)
+        finished: list[tuple[int, StopReason]] = []
+        version = self._version
+        for i, tok, lp in zip(ready, token_ids, token_lps, strict=True):
+            row = rows[i]
+            row.tokens.append(tok)
+            row.out_ids.append(tok)
+            row.out_logprobs.append(lp)
+            row.out_versions.append(version)
+            reason = self._stop_reason(row, tok)
+            if reason is not None:
+                finished.append((i, reason))
+        done: list[tuple[_Row, GenerateResponse]] = []
+        for i, reason in sorted(finished, reverse=True):  # descending: compaction never moves a finished row
+            row = rows[i]
+            done.append((row, self._response(row, reason)))
+            self._park(row, i)
+            self._remove(i)
+        self._stats.requests_finished += len(done)
+        for row, response in done:  # after removal, so stats() seen by a woken caller are already current
+            self._post(row.loop, row.fut, response)
+
+    def _stop_reason(self, row: _Row, tok: int) -> StopReason | None:
+        if tok in row.stop_ids:
+            return "stop"
+        if row.stop_strs:
+            assert self.tokenizer is not None
+            tail = self.tokenizer.decode(row.out_ids[-row.stop_window :], skip_special_tokens=False)
+            if any(s in tail for s in row.stop_strs):
+                return "stop"
+        if len(row.out_ids) >= row.max_new:
+            return "length"
+        return None
+
+    def _prefill_groups(self, extend: list[int]) -> list[tuple[int, int, int]]:
+        rows = self._rows
+        return plan_prefill(
+            [(i, rows[i].cached, len(rows[i].tokens) - rows[i].cached) for i in extend],
+            chunk=self.cfg.prefill_chunk,
+            budget=self.cfg.max_prefill_tokens,
+            max_len=self.max_seq_len,
+        )
+
+    def _admit(self) -> None:
+        while self._waiting and len(self._rows) < self.cfg.max_batch:
+            row = self._waiting.popleft()
+            slot = len(self._rows)
+            self._rows.append(row)
+            self._reuse_prefix(row, slot)
+
+    # ----------------------------------------------------------------------- prefix cache
+
+    def _park(self, row: _Row, slot: int) -> None:
+        tid = row.req.trajectory_id
+        if not tid or self.cfg.prefix_cache_mb <= 0 or row.cached == 0:
+            return
+        n = row.cached
+        kv = [buf[slot, :, :, :n].clone() for buf in self._cache.kv]
+        nbytes = sum(t.numel() * t.element_size() for t in kv)
+        if tid in self._parked:
+            self._parked_bytes -= self._parked.pop(tid).nbytes
+        self._parked[tid] = _Parked(row.tokens[:n], self._version, kv, nbytes)
+        self._parked_bytes += nbytes
+        limit = self.cfg.prefix_cache_mb * 2**20
+        while self._parked and self._parked_bytes > limit:
+            _, old = self._parked.popitem(last=False)
+            self._parked_bytes -= old.nbytes
+
+    def _reuse_prefix(self, row: _Row, slot: int) -> None:
+        tid = row.req.trajectory_id
+        parked = self._parked.pop(tid, None) if tid else None
+        if parked is None:
+            return
+        self._parked_bytes -= parked.nbytes
+        if parked.version != self._version:
+            return
+        n = _common_prefix(parked.tokens, row.tokens)
+        n = min(n, len(row.tokens) - 1)  # at least one token must run to produce the next-token logits
+        if n <= 0:
+            return
+        self._cache.ensure(slot + 1, n)
+        for buf, saved in zip(self._cache.kv, parked.kv, strict=True):
+            buf[slot, :, :, :n] = saved[:, :, :n]
+        row.cached = row.reused = n
+        self._stats.prefix_reused_tokens += n
+
+
+def plan_prefill(
+    rows: list[tuple[int, int, int]], *, chunk: int, budget: int, max_len: int
+) -> list[tuple[int, int, int]]:
+    """Group (slot, cached, uncached) rows into contiguous padded forwards: (first slot, end slot, width).
+
+    width = the longest chunk in the group (each row runs at most `chunk` tokens). A group never
+    exceeds `budget` padded tokens (rows x width) and never pads a row past `max_len` (its start + width),
+    since padding is written into the KV cache too.
+    """
+    groups: list[tuple[int, int, int]] = []
+    chunk = min(chunk, budget)
+    info = {slot: (cached, min(chunk, need)) for slot, cached, need in rows}
+    for a, b in _runs([slot for slot, _, _ in rows]):
+        first, width, top = a, 0, 0  # top: the largest start in the current group
+        for i in range(a, b):
+            start, need = info[i]
+            new_width, new_top = max(width, need), max(top, start)
+            if i > first and ((i - first + 1) * new_width > budget or new_top + new_width > max_len):
+                groups.append((first, i, width))
+                first, new_width, new_top = i, need, start
+            width, top = new_width, new_top
+        groups.append((first, b, width))
+    return groups
+
+
+def _runs(indices: list[int]) -> list[tuple[int, int]]:
+    """Sorted indices -> maximal contiguous [start, end) ranges."""
+    out: list[tuple[int, int]] = []
+    for i in indices:
+        if out and out[-1][1] == i:
+            out[-1] = (out[-1][0], i + 1)
+        else:
+            out.append((i, i + 1))
+    return out
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

@@ -1,0 +1,194 @@
+"""SGLang behind the `Engine` protocol, over its native `/generate` API (token ids in, ids + log-probs out).
+
+Weight updates: `/pause_generation` (mode abort: in-flight requests return with what they have, new ones
+wait), `/update_weights_from_disk` with a `weight_version` label, `/continue_generation`. Aborted requests
+are resent with their tokens so far. SGLang reports the label of the weights that made each response
+(`meta_info.weight_version`), which the engine uses as the tokens' version when it is an integer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from pydantic import Field
+
+from asearch.config import Config
+from asearch.engine.http import (
+    Chunk,
+    HttpConfig,
+    JsonHttpClient,
+    ResumableRemoteEngine,
+    check_weights_dir,
+)
+from asearch.engine.types import GenerateRequest, WeightSource
+from asearch.errors import RemoteError
+
+log = logging.getLogger(__name__)
+
+
+class SGLangEngineConfig(Config):
+    """Client-side knobs of `SGLangEngine`."""
+
+    http: HttpConfig = Field(default_factory=HttpConfig, description="Timeouts, retries, concurrency.")
+    model_eos_stops: bool = Field(
+        False,
+        description="Also stop at the model's own EOS. False: only SamplingParams.stop_token_ids end a "
+        "generation, the same rule as the other engines.",
+    )
+    max_resends: int = Field(16, ge=0, description="Resends of one request after aborts before giving up.")
+    initial_version: int = Field(0, description="Policy version of the weights the server starts with.")
+    pause_mode: Literal["in_place", "retract"] = Field(
+        "in_place",
+        description="Mode of /pause_generation for Engine.pause(): 'in_place' freezes running requests with "
+        "their KV cache; 'retract' moves them back to the queue (KV recomputed on resume).",
+    )
+    trust_server_version: bool = Field(
+        True,
+        description="Tag tokens with the server's meta_info.weight_version when it is an integer (it names "
+        "the weights that actually ran), else with the version current when the request was sent.",
+    )
+
+
+class SGLangEngine(ResumableRemoteEngine):
+    """`Engine` over one or more SGLang servers serving the same model (see `ResumableRemoteEngine`)."""
+
+    what = "SGLang server"
+
+    def __init__(self, base_url: str | Sequence[str], *, cfg: SGLangEngineConfig | None = None):
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        self.cfg = cfg or SGLangEngineConfig()
+        super().__init__(
+            urls,
+            http=self.cfg.http,
+            max_resends=self.cfg.max_resends,
+            initial_version=self.cfg.initial_version,
+        )
+
+    async def pause(self) -> None:
+        """Freeze generation on the servers (`cfg.pause_mode`); no new chunks leave this client."""
+        self._user_paused = True
+        self._admit.clear()
+        for s in self._servers:
+            await s.post_json("/pause_generation", {"mode": self.cfg.pause_mode})
+
+    async def resume(self) -> None:
+        self._user_paused = False
+        if not self._updating:
+            for s in self._servers:
+                await s.post_json("/continue_generation", {})
+        self._open_gate()
+
+    async def update_weights(self, source: WeightSource, version: int) -> None:
+        """pause_generation(abort) -> update_weights_from_disk(weight_version=version) -> continue_generation.
+
+        SGLang's abort-mode pause returns only once nothing runs, and requests that arrive while paused
+        wait at the server until it continues, so they run (and are labelled) under the new weights.
+        """
+        path = check_weights_dir(source)
+        async with self._update_lock:
+            start = time.monotonic()
+            self._updating = True
+            self._admit.clear()
+            try:
+                for s in self._servers:
+                    await s.post_json("/pause_generation", {"mode": "abort"})
+                try:
+                    for s in self._servers:
+                        body = {
+                            "model_path": str(path),
+                            "weight_version": str(version),
+                            "flush_cache": True,  # the radix cache holds KV computed by the old weights
+                            "abort_all_requests": True,
+                        }
+                        # No retry: a half-applied update must be looked at, not repeated blindly.
+                        resp = await s.post_json("/update_weights_from_disk", body, retries=0)
+                        if not (resp or {}).get("success", False):
+                            raise RemoteError(
+                                f"SGLang server {s.base_url} refused /update_weights_from_disk for {path}: "
+                                f"{(resp or {}).get('message')!r}"
+                            )
+                    self._record_update(version, start, path)
+                finally:
+                    if not self._user_paused:
+                        for s in self._servers:
+                            await s.post_json("/continue_generation", {})
+            finally:
+                self._updating = False
+                self._open_gate()
+
+    async def flush_cache(self) -> None:
+        """Drop every server's radix (prefix) cache."""
+        for s in self._servers:
+            await s.request("POST", "/flush_cache")
+
+    # ------------------------------------------------------------------ internals
+
+    async def _send_chunk(
+        self,
+        server: JsonHttpClient,
+        request: GenerateRequest,
+        prompt: list[int],
+        max_tokens: int,
+        attempt: int,
+    ) -> Chunk:
+        sp = request.sampling
+        sampling: dict[str, Any] = {
+            "max_new_tokens": max_tokens,
+            "temperature": sp.temperature,
+            "top_p": sp.top_p,
+            "top_k": sp.top_k if sp.top_k > 0 else -1,  # SGLang: -1 disables
+            "stop": list(sp.stop),
+            "stop_token_ids": list(sp.stop_token_ids),
+            "no_stop_trim": True,  # our contract: the output includes the stop string
+            "ignore_eos": not self.cfg.model_eos_stops,
+            "skip_special_tokens": False,
+        }
+        if sp.seed is not None:
+            sampling["sampling_seed"] = sp.seed
+        body = {
+            "input_ids": prompt,
+            "sampling_params": sampling,
+            "return_logprob": True,
+            "rid": f"{request.request_id}-{attempt}",
+            "stream": False,
+        }
+        data = await server.post_json("/generate", body)
+        chunk = _parse_generate(data, server.base_url)
+        if not self.cfg.trust_server_version:
+            chunk.server_version = None
+        return chunk
+
+
+def _parse_generate(data: Any, url: str) -> Chunk:
+    """A `Chunk` from a /generate body: meta_info.output_token_logprobs holds (logprob, token_id, text)."""
+    try:
+        if isinstance(data, list):  # a batch answer; we always send one prompt
+            data = data[0]
+        meta = data["meta_info"]
+        entries = meta.get("output_token_logprobs") or []
+        lps = [e[0] for e in entries]
+        ids = [int(e[1]) for e in entries]
+        reason = meta.get("finish_reason")
+        kind = reason.get("type") if isinstance(reason, dict) else reason
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise RemoteError(f"SGLang server {url}: unexpected /generate body ({e!r}): {str(data)[:300]}") from e
+    if "output_ids" in data and data["output_ids"] is not None and list(data["output_ids"]) != ids:
+        raise RemoteError(f"SGLang server {url}: output_ids disagree with output_token_logprobs")
+    if any(x is None for x in lps):
+        raise RemoteError(f"SGLang server {url}: missing log-probs; was return_logprob honoured?")
+    if kind not in ("stop", "length", "abort"):
+        raise RemoteError(f"SGLang server {url}: unexpected finish_reason {reason!r}")
+    label = meta.get("weight_version")
+    server_version = int(label) if isinstance(label, int | str) and str(label).lstrip("-").isdigit() else None
+    return Chunk(
+        ids=ids,
+        logprobs=[float(x) for x in lps],
+        finish=kind,
+        text=data.get("text") or "",
+        prompt_tokens=int(meta.get("prompt_tokens") or 0),
+        completion_tokens=int(meta.get("completion_tokens") or len(ids)),
+        server_version=server_version,
+    )

@@ -1,0 +1,166 @@
+"""Turn per-(question, pass) result lines into summary.json numbers and a summary.md table.
+
+Metrics are computed over complete questions only (all k passes present); questions are ordered by
+(dataset, id) before bootstrapping, so a summary depends on the results, not on the order they were
+written in — a resumed run and an uninterrupted one give identical numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from asearch.metrics.aggregate import Estimate, avg_at_k, bootstrap_mean, pass_at_k
+
+__all__ = ["METRICS", "STAT_COUNTERS", "render_markdown", "summarize"]
+
+METRICS = ("em", "f1", "cem")
+STAT_COUNTERS = ("searches", "accesses", "generated_tokens", "parse_errors", "tool_errors", "read_turns")
+
+
+def _estimate(e: Estimate | None) -> dict[str, float] | None:
+    return None if e is None else asdict(e)
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return math.fsum(values) / len(values) if values else None
+
+
+def summarize_group(
+    results: Sequence[Mapping[str, Any]], k: int, expected: int | None = None
+) -> dict[str, Any]:
+    """Summary of one dataset (or all pooled): metrics over questions that have all k passes."""
+    by_question: dict[tuple[str, str], dict[int, Mapping[str, Any]]] = defaultdict(dict)
+    for r in results:
+        by_question[(r["dataset"], r["id"])][r["pass"]] = r
+    complete = sorted(q for q, passes in by_question.items() if all(p in passes for p in range(k)))
+    out: dict[str, Any] = {
+        "n": len(complete),
+        "expected": expected,
+        "incomplete": len(by_question) - len(complete),
+        "k": k,
+    }
+    rows = [[by_question[q][p] for p in range(k)] for q in complete]
+    used = [r for row in rows for r in row]
+    if not rows:
+        out.update(metrics=None, judge=None, stats=None, timing=None)
+        return out
+
+    out["metrics"] = {
+        m: {
+            "avg_at_k": _estimate(avg_at_k([[r[m] for r in row] for row in rows])),
+            "pass_at_k": _estimate(pass_at_k([[r[m] for r in row] for row in rows])),
+        }
+        for m in METRICS
+    }
+
+    judged_rows = [
+        [r["judge"]["correct"] for r in row if r.get("judge") and r["judge"]["correct"] is not None]
+        for row in rows
+    ]
+    any_judge = any(r.get("judge") for r in used)
+    if any_judge:
+        per_q = [row for row in judged_rows if row]
+        failures = sum(1 for r in used if r.get("judge") and r["judge"]["correct"] is None)
+        out["judge"] = {
+            # per question: the fraction of its judged passes the judge accepted (failed verdicts are
+            # left out of that question's mean, and counted below); a question with none is left out
+            "accuracy": _estimate(bootstrap_mean([sum(row) / len(row) for row in per_q])) if per_q else None,
+            "pass_at_k": _estimate(bootstrap_mean([float(any(row)) for row in per_q])) if per_q else None,
+            "judged": sum(len(row) for row in per_q),
+            "failures": failures,
+        }
+    else:
+        out["judge"] = None
+
+    counters = [r.get("counters") or {} for r in used]
+    out["stats"] = {
+        "runs": len(used),
+        "turns": _mean([r.get("num_turns", 0) for r in used]),
+        **{c: _mean([float(cs.get(c, 0)) for cs in counters]) for c in STAT_COUNTERS},
+        "no_answer_rate": _mean([float(r.get("prediction") is None) for r in used]),
+        "finish": dict(sorted(Counter(str(r.get("finish")) for r in used).items())),
+    }
+    walls = [float(r.get("wall_s", 0.0)) for r in used]
+    out["timing"] = {"wall_s_mean": _mean(walls), "wall_s_total": math.fsum(walls)}
+    return out
+
+
+def summarize(
+    results: Iterable[Mapping[str, Any]], *, k: int, expected: Mapping[str, int] | None = None
+) -> dict[str, Any]:
+    """{"k", "datasets": {name: summary}, "overall": summary of all questions pooled}."""
+    by_dataset: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in results:
+        by_dataset[r["dataset"]].append(r)
+    names = sorted(set(by_dataset) | set(expected or {}))
+    datasets = {n: summarize_group(by_dataset.get(n, []), k, (expected or {}).get(n)) for n in names}
+    pooled = [r for n in names for r in by_dataset.get(n, [])]
+    total = sum(expected.values()) if expected else None
+    return {"k": k, "datasets": datasets, "overall": summarize_group(pooled, k, total)}
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def _pct(e: Mapping[str, float] | None) -> str:
+    if not e:
+        return "–"
+    return f"{100 * e['mean']:.1f} [{100 * e['low']:.1f}, {100 * e['high']:.1f}]"
+
+
+def _num(x: float | None, digits: int = 2) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def render_markdown(summary: Mapping[str, Any], *, title: str = "Evaluation") -> str:
+    """A table per summary: one row per dataset plus the pooled row; numbers are % with 95% CIs."""
+    k = summary["k"]
+    lines = [
+        f"# {title}",
+        "",
+        f"k = {k} pass(es) per question; Avg@{k} / Pass@{k} in %, [95% bootstrap CI over questions].",
+        "",
+        f"| dataset | n | EM Avg@{k} | F1 Avg@{k} | CEM Avg@{k} | EM Pass@{k} | F1 Pass@{k} | judge acc. | judge fail. "
+        "| turns | searches | accesses | gen. tokens | parse err. | no answer % |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    rows = [*summary["datasets"].items()]
+    if len(rows) > 1:
+        rows.append(("**all**", summary["overall"]))
+    for name, s in rows:
+        n = f"{s['n']}" + (f"/{s['expected']}" if s.get("expected") not in (None, s["n"]) else "")
+        m = s.get("metrics") or {}
+        j = s.get("judge") or {}
+        st = s.get("stats") or {}
+        no_answer = st.get("no_answer_rate")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    str(name),
+                    n,
+                    _pct((m.get("em") or {}).get("avg_at_k")),
+                    _pct((m.get("f1") or {}).get("avg_at_k")),
+                    _pct((m.get("cem") or {}).get("avg_at_k")),
+                    _pct((m.get("em") or {}).get("pass_at_k")),
+                    _pct((m.get("f1") or {}).get("pass_at_k")),
+                    _pct(j.get("accuracy")) if j else "–",
+                    str(j.get("failures", "–")) if j else "–",
+                    _num(st.get("turns"), 1),
+                    _num(st.get("searches"), 1),
+                    _num(st.get("accesses"), 1),
+                    _num(st.get("generated_tokens"), 0),
+                    _num(st.get("parse_errors"), 2),
+                    "–" if no_answer is None else f"{100 * no_answer:.1f}",
+                ]
+            )
+            + " |"
+        )
+    incomplete = {name: s["incomplete"] for name, s in summary["datasets"].items() if s["incomplete"]}
+    if incomplete:
+        lines += ["", f"Incomplete questions (fewer than {k} passes, left out): {incomplete}"]
+    return "\n".join(lines) + "\n"

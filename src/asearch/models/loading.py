@@ -1,0 +1,101 @@
+"""Load a causal LM and its tokenizer by Hugging Face name, local directory, or built-in alias.
+
+This is the one real code path for models: tiny models saved by `save_tiny`, the converted SmolLM2 and
+hub models all go through `from_pretrained`. Offline (HF_HUB_OFFLINE=1) a missing model is a
+`ConfigError` that says how to build or cache one instead of a hub stack trace.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from asearch.errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+DType = Literal["float32", "bfloat16", "float16", "auto"]
+
+
+def _smollm2() -> Path:
+    from asearch.models.smollm import smollm2_path
+
+    return smollm2_path()
+
+
+# Aliases resolved before anything touches the hub; the converter runs on first use.
+BUILTIN_MODELS: dict[str, Callable[[], Path]] = {
+    "smollm2-135m-instruct": _smollm2,
+}
+
+
+def hf_offline() -> bool:
+    """True when HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set (read at call time, not import time)."""
+    return any(
+        os.environ.get(v, "").strip().lower() in {"1", "true", "yes", "on"}
+        for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+
+
+def resolve_model_path(name_or_path: str | os.PathLike[str]) -> str:
+    """A built-in alias -> its cached directory; anything else unchanged (a directory or a hub name)."""
+    name = str(name_or_path)
+    if name.lower() in BUILTIN_MODELS:
+        return str(BUILTIN_MODELS[name.lower()]())
+    return name
+
+
+def _not_found(name: str, what: str, err: Exception) -> ConfigError:
+    aliases = ", ".join(repr(a) for a in BUILTIN_MODELS)
+    where = "is not a local directory" + (
+        " and is not in the Hugging Face cache (HF_HUB_OFFLINE=1)"
+        if hf_offline()
+        else " and could not be fetched"
+    )
+    return ConfigError(
+        f"{what} {name!r} {where}: {err.__class__.__name__}: {str(err).splitlines()[0] if str(err) else ''}\n"
+        f"  - use a built-in model: {aliases} (converted from the bundled GGUF on first use), or\n"
+        "  - build a tiny random one: asearch.models.tiny.train_bpe_tokenizer -> build_tiny_model -> "
+        "save_tiny(model, tokenizer, DIR), then pass DIR, or\n"
+        f"  - cache it where the network is reachable: `hf download {name}` and copy ~/.cache/huggingface over"
+    )
+
+
+def _torch_dtype(dtype: DType) -> Any:
+    import torch
+
+    return "auto" if dtype == "auto" else getattr(torch, dtype)
+
+
+def load_model(
+    name_or_path: str | os.PathLike[str], *, dtype: DType = "float32", device: str = "cpu"
+) -> PreTrainedModel:
+    """`AutoModelForCausalLM.from_pretrained` in eval mode on `device`; no hub access when offline."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path(name_or_path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=_torch_dtype(dtype), local_files_only=hf_offline()
+        )
+    except (OSError, ValueError) as e:
+        if Path(path).is_dir() and (Path(path) / "config.json").exists():
+            raise  # the directory exists but is broken: the original error is the useful one
+        raise _not_found(path, "model", e) from e
+    return model.to(device).eval()
+
+
+def load_tokenizer(name_or_path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
+    """`AutoTokenizer.from_pretrained` for the same names `load_model` accepts."""
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(name_or_path)
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=hf_offline())
+    except (OSError, ValueError) as e:
+        if Path(path).is_dir() and any(Path(path).glob("tokenizer*")):
+            raise
+        raise _not_found(path, "tokenizer", e) from e

@@ -1,0 +1,648 @@
+"""The retrieval HTTP server: FastAPI app over any Retriever + PageStore, with micro-batched search.
+
+Concurrent /retrieve requests are merged by `MicroBatcher` into one `retriever.search` call that runs
+in a worker thread, so the event loop never blocks and no global lock serialises clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import math
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field, ValidationError
+
+from asearch.config import Config
+from asearch.errors import RemoteError
+from asearch.retrieval.base import PageStore, Retriever, SearchHit
+from asearch.retrieval.protocol import (
+    AccessRequest,
+    BatchStats,
+    EndpointStats,
+    ErrorResponse,
+    HealthResponse,
+    Percentiles,
+    RetrieveRequest,
+    StatsResponse,
+    hits_to_wire,
+    lookup_page,
+)
+
+log = logging.getLogger(__name__)
+
+
+class ServerConfig(Config):
+    """`asearch serve` settings: where to listen, request bounds, and how concurrent searches are batched."""
+
+    host: str = Field(
+        "127.0.0.1", description="Bind address; loopback by default, anything else is reachable."
+    )
+    port: int = Field(8000, ge=0, le=65535, description="TCP port (0 = any free port).")
+    default_topk: int = Field(3, ge=1, description="topk when a request omits it (Search-R1 default).")
+    max_topk: int = Field(100, ge=1, description="Largest topk accepted (422 above).")
+    max_queries: int = Field(512, ge=1, description="Most queries in one /retrieve request (413 above).")
+    max_query_chars: int = Field(4096, ge=1, description="Longest query in characters (422 above).")
+    max_urls: int = Field(64, ge=1, description="Most urls in one /access request (413 above).")
+    max_body_bytes: int = Field(
+        8 << 20, ge=1024, description="Largest request body (413), by Content-Length or as it streams in."
+    )
+    batch_window_ms: float = Field(
+        0.0,
+        ge=0,
+        description=(
+            "Extra wait for company when a request finds the batcher idle (the worker idles meanwhile); "
+            "0 = batch exactly what queued up while the workers were busy."
+        ),
+    )
+    max_batch: int = Field(
+        256, ge=1, description="Most queries per retriever call (one request is never split)."
+    )
+    workers: int = Field(
+        1,
+        ge=1,
+        description="Retriever calls in flight at once; >1 needs a retriever safe for concurrent calls.",
+    )
+    stats_window: int = Field(2048, ge=1, description="Latency percentiles cover this many recent samples.")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
+        "info", description="uvicorn log level."
+    )
+
+
+# --------------------------------------------------------------------------- micro-batching
+
+
+@dataclass(slots=True)
+class _Pending:
+    queries: list[str]
+    topk: int
+    future: asyncio.Future[list[list[SearchHit]]]
+
+
+class MicroBatcher:
+    """Merge concurrent `search` calls into one `retriever.search(all_queries, max_topk)` per batch.
+
+    While all `workers` are busy, new calls queue up; when a worker frees, everything queued (up to
+    `max_batch` queries) goes out as one batch at once, so batches grow with load. A call that reaches an
+    idle batcher waits up to `window_s` for company before its batch starts.
+
+    Each caller gets the first `topk` hits of its own queries, so retrievers must rank deterministically:
+    a top-k list must be a prefix of the top-K list (K >= k), ties broken in a fixed order.
+    """
+
+    def __init__(
+        self,
+        retriever: Retriever,
+        *,
+        window_s: float = 0.0,
+        max_batch: int = 256,
+        workers: int = 1,
+        on_batch: Callable[[int, float], None] | None = None,
+    ):
+        self.retriever = retriever
+        self.window_s, self.max_batch, self.workers = window_s, max_batch, workers
+        self._on_batch = on_batch
+        self._executor: ThreadPoolExecutor | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: asyncio.Queue[_Pending] | None = None
+        self._collector: asyncio.Task[None] | None = None
+        self._running: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to tasks
+
+    async def search(self, queries: Sequence[str], topk: int) -> list[list[SearchHit]]:
+        if not queries:
+            return []
+        queue = self._bind_to_running_loop()
+        future: asyncio.Future[list[list[SearchHit]]] = asyncio.get_running_loop().create_future()
+        queue.put_nowait(_Pending(list(queries), topk, future))
+        return await future
+
+    def close(self) -> None:
+        """Stop collecting and release the worker threads; a later `search` starts afresh."""
+        if self._collector is not None and not self._collector.done():
+            self._collector.cancel()
+        self._collector = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+    # The batcher binds to the loop of its first caller; a new loop (e.g. a fresh asyncio.run, or the
+    # same app served again) rebinds, with a fresh collector and, after close(), fresh worker threads.
+    def _bind_to_running_loop(self) -> asyncio.Queue[_Pending]:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop or self._queue is None or self._collector is None or self._collector.done():
+            self._loop, self._queue = loop, asyncio.Queue()
+            self._collector = loop.create_task(self._collect(self._queue), name="asearch-batch-collector")
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(
+                max_workers=self.workers, thread_name_prefix="asearch-retrieve"
+            )
+        return self._queue
+
+    async def _collect(self, queue: asyncio.Queue[_Pending]) -> None:
+        loop = asyncio.get_running_loop()
+        slots = asyncio.Semaphore(self.workers)
+        carry: _Pending | None = None  # a request that did not fit the previous batch opens the next one
+        while True:
+            await slots.acquire()  # wait for a free worker *before* collecting: queued work merges meanwhile
+            # Work that piled up while the workers were busy goes out at once; only a batch opened by a
+            # request reaching an idle batcher waits the window for company (a wait idles the worker).
+            backlog = carry is not None or not queue.empty()
+            first = carry if carry is not None else await queue.get()
+            carry = None
+            batch, size = [first], len(first.queries)
+            deadline = loop.time() + (0.0 if backlog else self.window_s)
+            while size < self.max_batch:
+                try:
+                    nxt = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        break
+                    try:
+                        nxt = await asyncio.wait_for(queue.get(), remaining)
+                    except TimeoutError:
+                        break
+                if size + len(nxt.queries) > self.max_batch:
+                    carry = nxt
+                    break
+                batch.append(nxt)
+                size += len(nxt.queries)
+            task = loop.create_task(self._run(batch))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+            task.add_done_callback(lambda _t: slots.release())
+
+    async def _run(self, batch: list[_Pending]) -> None:
+        live = [p for p in batch if not p.future.done()]  # a disconnected client cancels its future
+        if not live:
+            return
+        queries = [q for p in live for q in p.queries]
+        topk = max(p.topk for p in live)
+        start = time.perf_counter()
+        try:
+            if self._executor is None:
+                raise RuntimeError("the batcher was closed while this search waited")
+            hits = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self.retriever.search, queries, topk
+            )
+            if len(hits) != len(queries):
+                raise RuntimeError(
+                    f"retriever {getattr(self.retriever, 'name', '?')!r} returned {len(hits)} result lists "
+                    f"for {len(queries)} queries"
+                )
+        except asyncio.CancelledError:  # server shutting down
+            for p in live:
+                p.future.cancel()
+            raise
+        except Exception as e:  # every waiter of the batch hears about the failure
+            for p in live:
+                if not p.future.done():
+                    p.future.set_exception(e)
+            return
+        if self._on_batch is not None:
+            self._on_batch(len(queries), time.perf_counter() - start)
+        offset = 0
+        for p in live:
+            rows = hits[offset : offset + len(p.queries)]
+            offset += len(p.queries)
+            if not p.future.done():
+                p.future.set_result([list(row[: p.topk]) for row in rows])
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+class _Window:
+    """The last `size` latency samples, for percentiles that follow the current load."""
+
+    def __init__(self, size: int):
+        self._samples: deque[float] = deque(maxlen=size)
+
+    def add(self, seconds: float) -> None:
+        self._samples.append(seconds)
+
+    def percentiles(self) -> Percentiles:
+        if not self._samples:
+            return Percentiles()
+        ordered = sorted(self._samples)
+        n = len(ordered)
+
+        def rank(p: float) -> float:  # nearest-rank: the smallest sample with >= p% of samples at or below it
+            return round(ordered[max(0, math.ceil(p / 100 * n) - 1)] * 1000, 3)
+
+        return Percentiles(p50=rank(50), p90=rank(90), p99=rank(99), samples=n)
+
+
+def batch_bucket(size: int) -> str:
+    """Power-of-two histogram label: 1, 2, 3-4, 5-8, 9-16, ..."""
+    if size <= 2:
+        return str(size)
+    top = 1 << (size - 1).bit_length()
+    return f"{top // 2 + 1}-{top}"
+
+
+@dataclass
+class _EndpointCounters:
+    requests: int = 0
+    errors: int = 0
+    status_codes: dict[str, int] = field(default_factory=dict)
+    window: _Window | None = None
+
+
+class ServerStats:
+    """Counters the /stats endpoint reports. Touched only from the event loop thread, so no locks."""
+
+    ENDPOINTS = ("/retrieve", "/access", "/health", "/stats", "other")
+
+    def __init__(self, window: int):
+        self.started = time.monotonic()
+        self.endpoints = {e: _EndpointCounters(window=_Window(window)) for e in self.ENDPOINTS}
+        self.batches = 0
+        self.batched_queries = 0
+        self.max_batch_seen = 0
+        self._histogram: dict[int, int] = {}  # bucket upper bound -> count (sorted on report)
+        self._batch_window = _Window(window)
+
+    def record_request(self, path: str, status: int, seconds: float) -> None:
+        c = self.endpoints[path if path in self.endpoints else "other"]
+        c.requests += 1
+        c.errors += status >= 400
+        c.status_codes[str(status)] = c.status_codes.get(str(status), 0) + 1
+        assert c.window is not None
+        c.window.add(seconds)
+
+    def record_batch(self, size: int, seconds: float) -> None:
+        self.batches += 1
+        self.batched_queries += size
+        self.max_batch_seen = max(self.max_batch_seen, size)
+        top = size if size <= 2 else 1 << (size - 1).bit_length()
+        self._histogram[top] = self._histogram.get(top, 0) + 1
+        self._batch_window.add(seconds)
+
+    def histogram(self) -> dict[str, int]:
+        return {batch_bucket(top): self._histogram[top] for top in sorted(self._histogram)}
+
+    def report(self, index: dict[str, Any]) -> StatsResponse:
+        endpoints = {}
+        for name, c in self.endpoints.items():
+            assert c.window is not None
+            endpoints[name] = EndpointStats(
+                requests=c.requests,
+                errors=c.errors,
+                status_codes=dict(c.status_codes),
+                latency_ms=c.window.percentiles(),
+            )
+        batching = BatchStats(
+            batches=self.batches,
+            queries=self.batched_queries,
+            max_size=self.max_batch_seen,
+            size_histogram=self.histogram(),
+            latency_ms=self._batch_window.percentiles(),
+        )
+        return StatsResponse(
+            uptime_s=round(time.monotonic() - self.started, 3),
+            endpoints=endpoints,
+            batching=batching,
+            index=index,
+        )
+
+
+class _StatsAndLimitMiddleware:
+    """ASGI middleware: rejects oversized bodies by Content-Length (413) and times every request."""
+
+    def __init__(self, app: Any, stats: ServerStats, max_body_bytes: int):
+        self.app, self.stats, self.max_body_bytes = app, stats, max_body_bytes
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500  # if the app dies before answering, the client sees a dropped request: count it as 500
+        path = scope.get("path", "")
+
+        async def send_and_capture(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            length = dict(scope.get("headers") or []).get(b"content-length")
+            if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+                body = ErrorResponse(
+                    detail=f"request body is {int(length)} bytes, over max_body_bytes={self.max_body_bytes}"
+                )
+                await JSONResponse(body.model_dump(), status_code=413)(scope, receive, send_and_capture)
+                return
+            await self.app(scope, receive, send_and_capture)
+        finally:
+            self.stats.record_request(path, status, time.perf_counter() - start)
+
+
+# --------------------------------------------------------------------------- the app
+
+
+class _OneThread:
+    """A single worker thread, started on first use and again after close() (an app can be served twice)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._executor: ThreadPoolExecutor | None = None
+
+    def get(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.name)
+        return self._executor
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+
+def _describe_errors(errors: Sequence[Any]) -> tuple[int, str]:
+    """(status, one readable message) for a body that failed JSON parsing (400) or validation (422)."""
+    problems = []
+    for e in errors:
+        if e.get("type") == "json_invalid":
+            ctx = e.get("ctx") or {}
+            return 400, f"request body is not valid JSON: {ctx.get('error', e.get('msg'))}"
+        loc = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
+        got = e.get("input")
+        shown = repr(got) if len(repr(got)) <= 80 else repr(got)[:77] + "..."
+        problems.append(f"{loc}: {e.get('msg')} (got {shown})")
+    return 422, "; ".join(problems) or "invalid request"
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+_EXAMPLES = {RetrieveRequest: '{"queries": ["..."], "topk": 3}', AccessRequest: '{"urls": ["..."]}'}
+
+
+async def _parse_body(request: Request, model: type[M], max_bytes: int) -> M:
+    """The JSON body as `model`, whatever the Content-Type says (curl -d sends a form type, some clients
+    none). Bodies over `max_bytes` are refused while streaming in, so chunked uploads are bounded too."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise HTTPException(413, f"request body is over max_body_bytes={max_bytes}")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if not raw.strip():
+        example = _EXAMPLES.get(model, "{}")
+        raise HTTPException(422, f"request body is empty; send a JSON object like {example}")
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as e:
+        status, message = _describe_errors(e.errors())
+        raise HTTPException(status, message) from None
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 413, 422, 500)}
+
+
+def _json_body(model: type[BaseModel]) -> dict[str, Any]:
+    """OpenAPI request-body entry for a route that parses its body itself (see _parse_body)."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": model.model_json_schema()}},
+        }
+    }
+
+
+def create_app(
+    retriever: Retriever,
+    pages: PageStore,
+    *,
+    cfg: ServerConfig | None = None,
+    info: dict[str, Any] | None = None,
+) -> FastAPI:
+    """A FastAPI app serving `retriever` and `pages`; `info` (index path, method, manifest summary) is
+    reported by /health and /stats."""
+    cfg = cfg or ServerConfig()
+    info = dict(info or {})
+    stats = ServerStats(cfg.stats_window)
+    batcher = MicroBatcher(
+        retriever,
+        window_s=cfg.batch_window_ms / 1000,
+        max_batch=cfg.max_batch,
+        workers=cfg.workers,
+        on_batch=stats.record_batch,
+    )
+    # Page lookups get their own single thread: they never wait behind a search batch, and stores that
+    # keep per-thread handles (sqlite) always see the same thread.
+    page_thread = _OneThread("asearch-pages")
+    retriever_name = str(getattr(retriever, "name", type(retriever).__name__))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> Any:
+        try:
+            yield
+        finally:
+            batcher.close()
+            page_thread.close()
+
+    app = FastAPI(
+        title="asearch retrieval server",
+        description="Search-R1/ASearcher-compatible /retrieve and /access over a local index.",
+        lifespan=lifespan,
+    )
+    app.state.stats, app.state.batcher, app.state.config = stats, batcher, cfg
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(_request: Request, err: RequestValidationError) -> JSONResponse:
+        status, message = _describe_errors(err.errors())
+        return JSONResponse(ErrorResponse(detail=message).model_dump(), status_code=status)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(_request: Request, err: HTTPException) -> JSONResponse:
+        return JSONResponse(ErrorResponse(detail=str(err.detail)).model_dump(), status_code=err.status_code)
+
+    @app.post("/retrieve", responses=_ERRORS, openapi_extra=_json_body(RetrieveRequest))
+    async def retrieve(request: Request) -> JSONResponse:
+        """Top-k passages per query: `{"result": [[doc, ...], ...]}` (docs wrapped with scores on request)."""
+        req = await _parse_body(request, RetrieveRequest, cfg.max_body_bytes)
+        queries = req.query_list()
+        topk = req.topk if req.topk is not None else cfg.default_topk
+        if len(queries) > cfg.max_queries:
+            raise HTTPException(413, f"too many queries: {len(queries)} > max_queries={cfg.max_queries}")
+        if topk > cfg.max_topk:
+            raise HTTPException(422, f"topk={topk} is over max_topk={cfg.max_topk}")
+        for i, q in enumerate(queries):
+            if len(q) > cfg.max_query_chars:
+                raise HTTPException(
+                    422, f"query {i} has {len(q)} characters, over max_query_chars={cfg.max_query_chars}"
+                )
+        try:
+            hits = await batcher.search(queries, topk)
+        except Exception as e:
+            log.exception("retriever %s failed on a batch", retriever_name)
+            raise HTTPException(500, f"retriever {retriever_name!r} failed: {type(e).__name__}: {e}") from e
+        return JSONResponse({"result": hits_to_wire(hits, req.return_scores)})
+
+    @app.post("/access", responses=_ERRORS, openapi_extra=_json_body(AccessRequest))
+    async def access(request: Request) -> JSONResponse:
+        """Full pages by url: `{"result": [page-or-null, ...]}`, null for a url not in the corpus."""
+        req = await _parse_body(request, AccessRequest, cfg.max_body_bytes)
+        if len(req.urls) > cfg.max_urls:
+            raise HTTPException(413, f"too many urls: {len(req.urls)} > max_urls={cfg.max_urls}")
+
+        def fetch() -> list[dict[str, Any] | None]:
+            found = [lookup_page(pages, u) for u in req.urls]
+            return [None if p is None else p.to_dict() for p in found]
+
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(page_thread.get(), fetch)
+        except Exception as e:
+            log.exception("page store failed")
+            raise HTTPException(500, f"page store failed: {type(e).__name__}: {e}") from e
+        return JSONResponse({"result": result})
+
+    @app.get("/health", response_model=HealthResponse)
+    async def health() -> HealthResponse:
+        """Liveness plus what is being served."""
+        return HealthResponse(
+            status="ok",
+            retriever=retriever_name,
+            pages=len(pages),
+            uptime_s=round(time.monotonic() - stats.started, 3),
+            info=info,
+        )
+
+    @app.get("/stats", response_model=StatsResponse)
+    async def get_stats() -> StatsResponse:
+        """Request/error counts per endpoint, latency percentiles, batch sizes, index summary."""
+        return stats.report(info)
+
+    app.add_middleware(_StatsAndLimitMiddleware, stats=stats, max_body_bytes=cfg.max_body_bytes)
+    return app
+
+
+# --------------------------------------------------------------------------- running it
+
+
+def summarize_manifest(manifest: dict[str, Any], *, max_entries: int = 16) -> dict[str, Any]:
+    """What /health and /stats show of an index manifest: scalars and short lists, nested mappings one level
+    deep; a mapping with more than `max_entries` entries (e.g. the file list) becomes its entry count."""
+    out: dict[str, Any] = {}
+    for key, value in manifest.items():
+        if isinstance(value, str | int | float | bool) or value is None:
+            out[key] = value
+        elif (
+            isinstance(value, list | tuple)
+            and len(value) <= 8
+            and all(isinstance(v, str | int | float) for v in value)
+        ):
+            out[key] = list(value)
+        elif isinstance(value, dict):
+            if len(value) > max_entries:
+                out[key] = f"<{len(value)} entries>"
+            else:
+                inner = summarize_manifest(value, max_entries=max_entries)
+                out[key] = {k: v for k, v in inner.items() if not isinstance(v, dict)}
+    return out
+
+
+def app_from_index(
+    index_dir: str | Path,
+    *,
+    method: Literal["bm25", "dense", "hybrid"] = "bm25",
+    cfg: ServerConfig | None = None,
+) -> tuple[FastAPI, dict[str, Any]]:
+    """Open the index at `index_dir` and build the app over its `method` retriever and its pages.
+    Returns (app, info) where info is what /health reports."""
+    from asearch.retrieval.index import open_index  # the index layer pulls in heavy optional deps
+
+    index = open_index(index_dir)
+    retriever = index.retriever(method)
+    info = {
+        "index": str(index_dir),
+        "method": method,
+        "passages": len(index),
+        "pages": len(index.pages),
+        "manifest": summarize_manifest(dict(index.manifest)),
+    }
+    return create_app(retriever, index.pages, cfg=cfg, info=info), info
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on `host` a moment ago (another process could still take it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def run_server(app: FastAPI, cfg: ServerConfig) -> None:
+    """Serve `app` with uvicorn on cfg.host:cfg.port until interrupted."""
+    import uvicorn
+
+    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False)
+
+
+@contextlib.contextmanager
+def serve_in_thread(
+    app: FastAPI, *, host: str = "127.0.0.1", port: int = 0, startup_timeout_s: float = 20.0
+) -> Iterator[str]:
+    """Run `app` under a real uvicorn server in a background thread; yields its base url (for tests and
+    embedding). Port 0 picks a free port, read back from the bound socket, so there is no race."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, name="asearch-uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + startup_timeout_s
+    while not server.started:
+        if not thread.is_alive():
+            raise RemoteError(f"uvicorn failed to start on {host}:{port} (is the port taken?)")
+        if time.monotonic() > deadline:
+            server.should_exit = True
+            raise RemoteError(f"uvicorn did not start on {host}:{port} within {startup_timeout_s:g} s")
+        time.sleep(0.01)
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://{host}:{bound}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+__all__ = [
+    "MicroBatcher",
+    "ServerConfig",
+    "ServerStats",
+    "app_from_index",
+    "batch_bucket",
+    "create_app",
+    "free_port",
+    "is_loopback",
+    "run_server",
+    "serve_in_thread",
+    "summarize_manifest",
+]

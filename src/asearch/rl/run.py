@@ -1,0 +1,277 @@
+"""One RL training run: setup -> the asynchronous loop -> summary, resumable from its checkpoints.
+
+The loop, per step: wait for B fresh groups (generation keeps going meanwhile) -> advantages ->
+policy update (in a worker thread: the event loop keeps driving episodes) -> push weights to the
+engine (in-flight requests resume under them) -> bump the version -> log, evaluate, checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import shutil
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import Field
+
+from asearch.agent.loop import AgentConfig, run_episode
+from asearch.agent.runtime import ToolsConfig, build_tools
+from asearch.config import Config
+from asearch.engine.inprocess import InProcessEngine, InProcessEngineConfig
+from asearch.files import atomic_write_json
+from asearch.metrics.reward import RewardConfig, compute_reward
+from asearch.rl.controller import ControllerConfig, Group, RolloutController
+from asearch.rl.trainer import PolicyTrainer, TrainerConfig, groups_to_samples
+from asearch.runs import RunDir
+
+
+class HeldoutConfig(Config):
+    """Periodic evaluation on held-out questions (greedy), for the accuracy-vs-wall-time curve."""
+
+    dataset: str | None = Field(None, description="QA set spec or file (e.g. world:seed=200,n=100).")
+    tools: ToolsConfig | None = Field(None, description="Tools for the held-out corpus (default: training tools).")
+    every_s: float | None = Field(60.0, gt=0, description="Evaluate when this much wall time has passed.")
+    every_steps: int | None = Field(None, ge=1)
+    concurrency: int = Field(64, ge=1)
+
+
+class TrainConfig(Config):
+    seed: int = 0
+    out: Path | None = Field(None, description="Run directory (default runs/train-<time>).")
+    model: str = Field(description="Initial policy: HF directory, name or alias.")
+    threads: int = Field(1, ge=1, description="torch intra-op threads (trainer and engine each use this many).")
+    engine: InProcessEngineConfig = Field(default_factory=InProcessEngineConfig)
+    tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    data: str = Field(description="Training questions: a QA set spec or file.")
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    rollout: ControllerConfig = Field(default_factory=ControllerConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    steps: int = Field(100, ge=1, description="RL steps (policy versions).")
+    max_rl_seconds: float | None = Field(None, gt=0, description="Stop after this much RL wall time.")
+    heldout: HeldoutConfig = Field(default_factory=HeldoutConfig)
+    checkpoint_every: int = Field(10, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)
+    log_trajectories_every: int = Field(5, ge=1, description="Every N steps, save one group's trajectories.")
+
+
+def cycle_data(records: Sequence[dict[str, Any]], seed: int, start: int = 0) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Endless (position, record) stream; epoch e is a seeded shuffle, so a position resumes exactly."""
+    n, pos = len(records), start
+    assert n > 0, "no training questions"
+    while True:
+        order = list(range(n))
+        random.Random(seed * 100_003 + pos // n).shuffle(order)
+        for i in range(pos % n, n):
+            yield pos, records[order[i]]
+            pos += 1
+
+
+async def heldout_accuracy(engine, tokenizer, tools, records, agent_cfg: AgentConfig, reward_cfg, concurrency: int):
+    """Greedy accuracy (mean metric score) on held-out questions; returns (accuracy, trajectories)."""
+    greedy = agent_cfg.model_copy(update={"temperature": 0.0})
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(r):
+        async with sem:
+            t = await run_episode(engine, tokenizer, tools, r["question"], greedy, trajectory_id=f"eval-{r['id']}")
+            return t, compute_reward(t, r["golds"], reward_cfg).score
+
+    results = await asyncio.gather(*(one(r) for r in records))
+    return sum(s for _, s in results) / max(len(results), 1), [t for t, _ in results]
+
+
+def _load_records(spec: str) -> list[dict[str, Any]]:
+    from asearch.eval.datasets import load_dataset
+
+    return [r.model_dump(mode="json") for r in load_dataset(spec)]
+
+
+# ---------------------------------------------------------------------------- checkpoints
+
+
+def latest_checkpoint(run: Path) -> Path | None:
+    ckpts = sorted((run / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+    ckpts = [p for p in ckpts if (p / "state.json").exists()]  # state.json is written last
+    return ckpts[-1] if ckpts else None
+
+
+def save_checkpoint(run: Path, step: int, trainer: PolicyTrainer, state: dict[str, Any], keep: int) -> Path:
+    final = run / "checkpoints" / f"step_{step}"
+    tmp = run / "checkpoints" / f".tmp_step_{step}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    torch.save(trainer.state_dict(), tmp / "trainer.pt")
+    atomic_write_json(tmp / "state.json", state)
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    old = sorted((run / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))[:-keep]
+    for p in old:
+        shutil.rmtree(p, ignore_errors=True)
+    return final
+
+
+# ---------------------------------------------------------------------------- the run
+
+
+async def train(cfg: TrainConfig, *, run: RunDir, log=print, model=None, tokenizer=None) -> dict[str, Any]:
+    """Run (or resume) RL training into `run`. Returns the summary dict (also written to summary.json)."""
+    from asearch.models.loading import load_model, load_tokenizer
+
+    # ---- setup
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(cfg.threads)
+    run.save_config(cfg)
+    policy = model if model is not None else load_model(cfg.model)
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model)
+    trainer = PolicyTrainer(policy, cfg.trainer, temperature=cfg.agent.temperature, total_steps=cfg.steps)
+    records = _load_records(cfg.data)
+    tools, closers = build_tools(cfg.tools, progress=False)
+    heldout = _load_records(cfg.heldout.dataset) if cfg.heldout.dataset else []
+    heldout_tools = build_tools(cfg.heldout.tools, progress=False)[0] if cfg.heldout.tools else tools
+
+    start_step, rl_wall_before, parts = 0, 0.0, {}
+    ckpt = latest_checkpoint(run.path)
+    if ckpt is not None:
+        trainer.load_state_dict(torch.load(ckpt / "trainer.pt", weights_only=False))
+        state = json.loads((ckpt / "state.json").read_text())
+        start_step, rl_wall_before = state["step"], state["rl_wall_s"]
+        parts = RolloutController.restore_parts(state["controller"])
+        log(f"resumed from {ckpt} (step {start_step}, {len(parts['ready'])} queued groups, {len(parts['redo'])} to redo)")
+    version = start_step
+    engine = InProcessEngine(policy, tokenizer, cfg=cfg.engine, version=version)
+
+    async def episode(sample: dict[str, Any], k: int):
+        return await run_episode(
+            engine, tokenizer, tools, sample["question"], cfg.agent,
+            trajectory_id=f"{sample['id']}-{k}-{random.getrandbits(32):08x}",
+            metadata={"id": sample["id"]},
+        )  # fmt: skip
+
+    def reward(traj, sample) -> float:
+        res = compute_reward(traj, sample["golds"], cfg.reward, sample.get("aug_golds", ()))
+        traj.reward = res.reward
+        traj.metadata["score"] = res.score
+        return res.reward
+
+    data = cycle_data(records, cfg.seed, parts.get("data_position", 0))
+    controller = RolloutController(cfg.rollout, data, episode, reward, **parts)
+    B, n, eta = cfg.rollout.batch_size, cfg.rollout.group_size, cfg.rollout.max_staleness
+    log(
+        f"RL: {len(records)} questions, B={B} groups x n={n} samples = {B * n} trajectories/step, eta={eta} "
+        f"({'synchronous' if eta == 0 else 'one-step-off' if eta == 1 else 'fully asynchronous'}), "
+        f"<= {cfg.rollout.max_concurrent} groups in flight, {sum(p.numel() for p in policy.parameters()):,} params"
+    )
+
+    # ---- the loop
+    t_start = time.perf_counter()
+    last_eval_t, step = -1e9, start_step
+    summary: dict[str, Any] = {}
+    controller.start()
+
+    def rl_wall() -> float:
+        return rl_wall_before + time.perf_counter() - t_start
+
+    async def evaluate_heldout() -> float:
+        acc, _ = await heldout_accuracy(
+            engine, tokenizer, heldout_tools, heldout, cfg.agent, cfg.reward, cfg.heldout.concurrency
+        )
+        return acc
+
+    try:
+        if heldout and start_step == 0:
+            acc = await evaluate_heldout()
+            run.log(step, {"eval/heldout_acc": acc, "perf/rl_wall_s": rl_wall()})
+            summary["heldout_acc_start"] = acc
+            last_eval_t = time.perf_counter()
+        while step < cfg.steps and (cfg.max_rl_seconds is None or rl_wall() < cfg.max_rl_seconds):
+            t0 = time.perf_counter()
+            batch = await controller.get_batch()
+            if batch is None:
+                log("training data exhausted")
+                break
+            t1 = time.perf_counter()
+            samples, _ = groups_to_samples([g.rewards for g in batch], [g.trajectories for g in batch], cfg.trainer.advantages)
+            stats = await asyncio.to_thread(trainer.train_step, samples, policy_version=version)
+            t2 = time.perf_counter()
+            version += 1
+            await engine.update_weights(policy.state_dict(), version)
+            controller.set_version(version)
+            t3 = time.perf_counter()
+            step += 1
+
+            metrics = {**stats, **_rollout_metrics(batch, version - 1, controller)}
+            metrics.update({
+                "perf/rollout_wait_s": t1 - t0, "perf/train_s": t2 - t1, "perf/weight_sync_s": t3 - t2,
+                "perf/step_s": t3 - t0, "perf/rl_wall_s": rl_wall(),
+                "perf/generator_idle_frac": controller.idle_fraction(),
+                "perf/trajectories_per_s": B * n / max(t3 - t0, 1e-9),
+            })  # fmt: skip
+            due = (cfg.heldout.every_s and time.perf_counter() - last_eval_t >= cfg.heldout.every_s) or (
+                cfg.heldout.every_steps and step % cfg.heldout.every_steps == 0
+            )
+            if heldout and (due or step == cfg.steps):
+                metrics["eval/heldout_acc"] = await evaluate_heldout()
+                last_eval_t = time.perf_counter()
+            run.log(step, metrics)
+            log(
+                f"step {step:4d}  reward {metrics['rollout/reward_mean']:+.3f}  acc {metrics['rollout/accuracy']:.3f}"
+                + (f"  heldout {metrics['eval/heldout_acc']:.3f}" if "eval/heldout_acc" in metrics else "")
+                + f"  turns {metrics['rollout/turns_mean']:.1f}  stale<= {metrics['rollout/staleness_max']:.0f}"
+                f"  {metrics['perf/step_s']:.1f}s/step  idle {metrics['perf/generator_idle_frac']:.2f}"
+            )
+            if step % cfg.log_trajectories_every == 0:
+                for t in batch[0].trajectories:
+                    run.log_trajectory({"step": step, "group": batch[0].index, **t.to_dict()})
+            if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+                state = {"step": step, "rl_wall_s": rl_wall(), "controller": controller.state_dict()}
+                save_checkpoint(run.path, step, trainer, state, cfg.keep_checkpoints)
+    finally:
+        await controller.close()
+        await engine.close()
+        for c in closers:
+            c()
+
+    rows = run.metrics()
+    evals = [r["eval/heldout_acc"] for r in rows if r.get("eval/heldout_acc") is not None]
+    summary.update({
+        "steps": step, "policy_version": version, "rl_wall_seconds": rl_wall(),
+        "heldout_acc_final": evals[-1] if evals else None,
+        "rejected_groups": dict(controller.rejected), "episode_errors": controller.errors[:20],
+    })  # fmt: skip
+    run.write_summary({**_existing_summary(run.path), **summary})
+    return summary
+
+
+def _existing_summary(path: Path) -> dict[str, Any]:
+    p = path / "summary.json"
+    return json.loads(p.read_text()) if p.exists() else {}
+
+
+def _rollout_metrics(batch: list[Group], policy_version: int, controller: RolloutController) -> dict[str, float]:
+    trajs = [t for g in batch for t in g.trajectories]
+    k = max(len(trajs), 1)
+    staleness = Counter(max(0, policy_version - t.min_version) for t in trajs if t.min_version >= 0)
+    m = {
+        "rollout/reward_mean": sum(t.reward or 0.0 for t in trajs) / k,
+        "rollout/accuracy": sum(t.metadata.get("score", 0.0) for t in trajs) / k,
+        "rollout/turns_mean": sum(t.num_turns for t in trajs) / k,
+        "rollout/searches_mean": sum(t.counters.get("searches", 0) for t in trajs) / k,
+        "rollout/gen_tokens_mean": sum(t.generated_tokens for t in trajs) / k,
+        "rollout/parse_errors": float(sum(t.counters.get("parse_errors", 0) for t in trajs)),
+        "rollout/tool_errors": float(sum(t.counters.get("tool_errors", 0) for t in trajs)),
+        "rollout/no_answer_rate": sum(t.answer is None for t in trajs) / k,
+        "rollout/staleness_max": float(max(staleness, default=0)),
+        "rollout/staleness_mean": sum(s * c for s, c in staleness.items()) / max(sum(staleness.values()), 1),
+    }
+    for s, c in staleness.items():
+        m[f"rollout/staleness_hist/{s}"] = float(c)
+    for cause, c in controller.rejected.items():
+        m[f"rollout/rejected/{cause}"] = float(c)
+    return m

@@ -1,0 +1,80 @@
+"""Supervised warm start: maximise the log-likelihood of the generated tokens of expert trajectories."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from pydantic import Field
+
+from asearch.config import Config
+from asearch.rl.trainer import Sample, micro_batches, sequence_logprobs
+
+
+class SFTConfig(Config):
+    steps: int = Field(400, ge=1)
+    batch_size: int = Field(32, ge=1, description="Sequences per optimizer step.")
+    lr: float = Field(2e-3, gt=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Cosine decay to lr * this.")
+    warmup_steps: int = Field(20, ge=0)
+    weight_decay: float = Field(0.01, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    token_budget: int = Field(16384, ge=64)
+    seed: int = 0
+
+
+def sft(model: Any, samples: Sequence[Sample], cfg: SFTConfig, *, on_step: Callable[[int, float], None] | None = None):
+    """Train `model` in place on `samples` (loss only where loss_mask is 1). Returns per-step losses."""
+    rng = random.Random(cfg.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+
+    def lr_at(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return cfg.lr * (step + 1) / cfg.warmup_steps
+        p = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+        return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * p)))
+
+    model.train()
+    losses = []
+    order: list[int] = []
+    for step in range(cfg.steps):
+        if len(order) < cfg.batch_size:
+            order += rng.sample(range(len(samples)), len(samples))
+        batch, order = [samples[i] for i in order[: cfg.batch_size]], order[cfg.batch_size :]
+        n_tokens = sum(s.n_generated for s in batch)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for micro in micro_batches(batch, cfg.token_budget):
+            rows = [batch[i] for i in micro]
+            lp = sequence_logprobs(model, rows, temperature=1.0)
+            mask = torch.zeros_like(lp)
+            for r, s in enumerate(rows):
+                mask[r, : len(s.loss_mask)] = torch.tensor(s.loss_mask, dtype=lp.dtype)
+            loss = -(lp * mask).sum() / max(n_tokens, 1)
+            loss.backward()
+            total += loss.item()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        losses.append(total)
+        if on_step:
+            on_step(step, total)
+    model.eval()
+    return losses
+
+
+def trajectories_to_samples(trajectories: Sequence[Any]) -> list[Sample]:
+    """Every segment with generated tokens becomes a sample (advantage unused by SFT)."""
+    return [
+        Sample(seg.token_ids, seg.loss_mask, seg.logprobs, seg.versions, 0.0)
+        for t in trajectories
+        for seg in t.segments
+        if seg.n_generated
+    ]
+
+
+__all__ = ["SFTConfig", "sft", "trajectories_to_samples"]

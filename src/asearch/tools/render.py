@@ -1,0 +1,67 @@
+"""How tool results read to the agent: search hits as `[Doc k](url):` blocks, pages as numbered chunks.
+
+These strings are part of what a trained model learned to read; change them only on purpose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from asearch.retrieval.base import SearchHit
+
+
+def render_search(hits: Sequence[SearchHit], query: str, *, max_doc_chars: int) -> str:
+    """`[Doc k](url):` on its own line, then the passage contents (title line + text) cut at
+    `max_doc_chars`; blocks separated by a blank line. No hits -> a sentence that says so."""
+    if not hits:
+        return f"No search results were found for the query {query!r}."
+    blocks = [
+        f"[Doc {k}]({h.passage.url}):\n{h.passage.contents[:max_doc_chars]}" for k, h in enumerate(hits, 1)
+    ]
+    return "\n\n".join(blocks)
+
+
+def page_marker(k: int, n: int, url: str) -> str:
+    """The first line of every page chunk: `[page k/n of <url>]`."""
+    return f"[page {k}/{n} of {url}]"
+
+
+@dataclass(frozen=True, slots=True)
+class PageChunks:
+    """A page cut for reading: `chunks` are the marked texts the agent reads one per turn."""
+
+    chunks: list[str]
+    total_chars: int
+    shown_chars: int
+
+    @property
+    def truncated(self) -> bool:
+        return self.shown_chars < self.total_chars
+
+    @property
+    def dropped_chars(self) -> int:
+        return self.total_chars - self.shown_chars
+
+
+def chunk_page(contents: str, url: str, *, chunk_chars: int, max_chunks: int) -> PageChunks:
+    """Split `contents` into consecutive `chunk_chars`-character pieces, keep at most `max_chunks`, and
+    prefix each with its marker. If text was dropped, the last chunk ends with a note that says how much."""
+    pieces = [contents[i : i + chunk_chars] for i in range(0, len(contents), chunk_chars)] or [""]
+    shown = pieces[:max_chunks]
+    n = len(shown)
+    chunks = [f"{page_marker(k, n, url)}\n{text}" for k, text in enumerate(shown, 1)]
+    shown_chars = sum(len(p) for p in shown)
+    if not contents:
+        chunks[0] += "(this page is empty)"
+    if shown_chars < len(contents):
+        chunks[-1] += (
+            f"\n[page cut: showing the first {shown_chars:,} of {len(contents):,} characters; "
+            f"the remaining {len(contents) - shown_chars:,} were dropped (at most {max_chunks} pages "
+            f"of {chunk_chars:,} characters are shown)]"
+        )
+    return PageChunks(chunks=chunks, total_chars=len(contents), shown_chars=shown_chars)
+
+
+def render_page_not_found(url: str) -> str:
+    return f"The page {url} is not in the corpus; access can only open urls that search returned."

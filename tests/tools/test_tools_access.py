@@ -1,0 +1,147 @@
+"""The access tool: 25,000-character chunks, the 10-chunk cap with its note, unknown and messy urls."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+
+from asearch.corpus.types import Page
+from asearch.retrieval.client import RetrievalClient
+from asearch.retrieval.server import create_app, serve_in_thread
+from asearch.tools import AccessTool, AccessToolConfig, run_tool
+
+
+class DictPages:
+    """A dict-backed PageStore (test scaffolding)."""
+
+    def __init__(self, pages: list[Page]):
+        self.by_url = {p.url: p for p in pages}
+        self.asked: list[str] = []
+
+    def get(self, url: str) -> Page | None:
+        self.asked.append(url)
+        return self.by_url.get(url)
+
+    def __len__(self) -> int:
+        return len(self.by_url)
+
+
+class NoSearch:
+    name = "none"
+
+    def search(self, queries, topk):
+        return [[] for _ in queries]
+
+
+def text_of(n: int, seed: str) -> str:
+    """n characters whose every position is distinguishable, so a misplaced cut shows."""
+    unit = "".join(f"{seed}{i:07d}|" for i in range(n // 9 + 1))
+    return unit[:n]
+
+
+BIG = Page(url="https://w.test/Big", title="Big", contents=text_of(260_000, "b"))
+MID = Page(url="https://w.test/Mid", title="Mid", contents=text_of(60_000, "m"))
+EMPTY = Page(url="https://w.test/Empty", title="Empty", contents="")
+PAGES = [BIG, MID, EMPTY]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def body(chunk: str) -> str:
+    return chunk.split("\n", 1)[1]
+
+
+def test_page_under_the_cap_is_split_into_marked_chunks():
+    obs = run(run_tool(AccessTool(DictPages(PAGES)), MID.url))
+    chunks = obs.metadata["chunks"]
+    assert [c.split("\n", 1)[0] for c in chunks] == [f"[page {k}/3 of {MID.url}]" for k in (1, 2, 3)]
+    assert [len(body(c)) for c in chunks] == [25_000, 25_000, 10_000]
+    assert "".join(body(c) for c in chunks) == MID.contents  # nothing lost, nothing added
+    assert obs.text == "\n\n".join(chunks)
+    assert obs.metadata["truncated"] is False and obs.metadata["dropped_chars"] == 0
+    assert obs.metadata["title"] == "Mid" and obs.metadata["found"] is True and obs.error is None
+
+
+def test_page_over_the_cap_keeps_10_chunks_and_says_what_was_dropped():
+    obs = run(run_tool(AccessTool(DictPages(PAGES)), BIG.url))
+    chunks = obs.metadata["chunks"]
+    assert len(chunks) == 10 and obs.metadata["page_count"] == 10
+    assert chunks[0].startswith(f"[page 1/10 of {BIG.url}]\n") and chunks[9].startswith(
+        f"[page 10/10 of {BIG.url}]\n"
+    )
+    assert all(len(body(c)) == 25_000 for c in chunks[:9])
+    last_text, note = body(chunks[9]).split("\n[page cut:", 1)
+    assert len(last_text) == 25_000
+    assert "".join(body(c) for c in chunks[:9]) + last_text == BIG.contents[:250_000]
+    assert "first 250,000 of 260,000 characters" in note and "remaining 10,000 were dropped" in note
+    assert "[page cut:" in obs.text
+    assert obs.metadata["truncated"] is True and obs.metadata["dropped_chars"] == 10_000
+    assert obs.metadata["total_chars"] == 260_000
+
+
+def test_chunk_size_and_cap_are_configurable():
+    tool = AccessTool(DictPages(PAGES), AccessToolConfig(chunk_chars=7_000, max_chunks=2))
+    chunks = run(run_tool(tool, MID.url)).metadata["chunks"]
+    assert [len(body(c).split("\n[page cut:")[0]) for c in chunks] == [7_000, 7_000]
+    assert "remaining 46,000 were dropped" in chunks[1]
+
+
+def test_empty_page_is_one_chunk_that_says_so():
+    obs = run(run_tool(AccessTool(DictPages(PAGES)), EMPTY.url))
+    assert obs.metadata["chunks"] == [f"[page 1/1 of {EMPTY.url}]\n(this page is empty)"]
+
+
+def test_unknown_url_is_an_observation_not_an_error():
+    obs = run(run_tool(AccessTool(DictPages(PAGES)), "https://w.test/Nowhere"))
+    assert obs.text.startswith("The page https://w.test/Nowhere is not in the corpus")
+    assert obs.error is None and obs.metadata["found"] is False and obs.metadata["chunks"] == []
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        f"  {MID.url}  ",
+        f"<{MID.url}>",
+        f"{MID.url}/",
+        f'"{MID.url}"',
+        f"`<{MID.url}/>`",
+        f"{MID.url}#Section_2",
+        f'{{"url": "{MID.url}"}}',
+    ],
+)
+def test_urls_are_normalised_before_lookup(raw):
+    obs = run(run_tool(AccessTool(DictPages(PAGES)), raw))
+    assert obs.metadata["found"] is True and obs.metadata["url"] == MID.url, obs.text
+
+
+def test_store_without_trailing_slash_variant_is_found_from_the_other_side():
+    slashed = Page(url="https://w.test/dir/", title="Dir", contents="inside")
+    store = DictPages([slashed])
+    obs = run(run_tool(AccessTool(store), "https://w.test/dir"))
+    assert obs.metadata["found"] is True
+    assert store.asked == ["https://w.test/dir", "https://w.test/dir/"]
+
+
+@pytest.mark.parametrize("raw", ["", "  <>  ", '{"link": "x"}'])
+def test_missing_url_is_a_bad_argument(raw):
+    obs = run(run_tool(AccessTool(DictPages(PAGES)), raw))
+    assert obs.metadata["error"] == "bad_arguments" and obs.text.startswith("access failed: ")
+
+
+def test_remote_backend_gives_the_same_chunks():
+    store = DictPages(PAGES)
+    local = run(run_tool(AccessTool(store), f"<{BIG.url}/>"))
+    with serve_in_thread(create_app(NoSearch(), store)) as url:
+        remote = run(run_tool(AccessTool(RetrievalClient(url, timeout=5)), f"<{BIG.url}/>"))
+        missing = run(run_tool(AccessTool(RetrievalClient(url, timeout=5)), "https://w.test/Nowhere"))
+    assert remote.metadata["chunks"] == local.metadata["chunks"] and remote.text == local.text
+    assert missing.metadata["found"] is False and "not in the corpus" in missing.text
+
+
+def test_description_states_the_limits():
+    d = AccessTool(DictPages(PAGES)).description
+    assert re.search(r"10 parts of 25,000 characters", d)
