@@ -191,3 +191,49 @@ def test_on_turn_sees_every_turn_once_in_order(world):
         run_episode(ScriptedEngine(tok, expert), tok, tools, "Where was Ada Varn born?", AgentConfig(), on_turn=seen.append)
     )
     assert seen == traj.turns and seen[0].observation and "[Doc 1]" in seen[0].observation
+
+
+def test_chat_models_get_tool_results_in_user_turns(world):
+    tools, tok = world
+    assert tok.chat_template  # ChatML, like SmolLM2 / Qwen
+
+    def policy(prompt):  # ends its turns with the end-of-turn token, as chat models do
+        return expert(prompt) + "<|im_end|>" if not prompt.endswith("<summary>") else expert(prompt)
+
+    traj = asyncio.run(run_episode(ScriptedEngine(tok, policy), tok, tools, "Where was Ada Varn born?", AgentConfig()))
+    assert traj.answer == "Oslen"
+    text = tok.decode(traj.segments[0].token_ids)
+    assert "</search><|im_end|>\n<|im_start|>user\n<information>" in text  # not a doubled <|im_end|>
+    assert "</information><|im_end|>\n<|im_start|>assistant\n<summary>" in text
+    assert "<|im_end|><|im_end|>" not in text
+
+
+def test_act_prefixes_open_turns_and_count_as_context(world):
+    tools, tok = world
+    seen = []
+
+    def policy(prompt):
+        seen.append(prompt[-10:])
+        return "Oslen</answer>" if prompt.endswith("<answer>") else "Ada Varn</search>"
+
+    cfg = AgentConfig(style="guided")
+    traj = asyncio.run(run_episode(ScriptedEngine(tok, policy), tok, tools, "Where was Ada Varn born?", cfg))
+    assert traj.answer == "Oslen" and traj.counters["searches"] == 1
+    assert seen[0].endswith("<search>") and seen[1].endswith("<answer>")
+    assert traj.turns[0].output_text == "<search>Ada Varn</search>"
+    # the prefix is context (mask 0): generated tokens are only the model's own text
+    gen = [t for t, m in zip(traj.segments[0].token_ids, traj.segments[0].loss_mask, strict=True) if m]
+    assert tok.decode(gen) == "Ada Varn</search>Oslen</answer>"
+
+
+def test_guided_style_closes_an_opened_answer_and_counts_it(world):
+    tools, tok = world
+
+    def policy(prompt):  # a small chat model: ends its turn instead of writing the closing tag
+        return "Oslen, a city<|im_end|>" if prompt.endswith("<answer>") else "Ada Varn</search>"
+
+    traj = asyncio.run(
+        run_episode(ScriptedEngine(tok, policy), tok, tools, "Where was Ada Varn born?", AgentConfig(style="guided"))
+    )
+    assert traj.answer == "Oslen, a city" and traj.counters["auto_closed"] == 1
+    assert traj.turns[-1].output_text == "<answer>Oslen, a city</answer>"

@@ -355,7 +355,7 @@ def test_64_concurrent_requests_complete_and_loop_stays_responsive(model, tokeni
             responses = await asyncio.gather(
                 *(
                     engine.generate(
-                        GenerateRequest(input_ids=p, sampling=SamplingParams(max_new_tokens=48, seed=i))
+                        GenerateRequest(input_ids=p, sampling=SamplingParams(max_new_tokens=96, seed=i))
                     )
                     for i, p in enumerate(ps)
                 )
@@ -368,14 +368,14 @@ def test_64_concurrent_requests_complete_and_loop_stays_responsive(model, tokeni
             await engine.close()
 
     responses, ticks, elapsed, stats = run(main())
-    assert all(r.output_len == 48 and r.stop_reason == "length" for r in responses)
-    assert stats["tokens_generated"] == 64 * 48 and stats["active"] == 0
+    assert all(r.output_len == 96 and r.stop_reason == "length" for r in responses)
+    assert stats["tokens_generated"] == 64 * 96 and stats["active"] == 0
     assert stats["mean_batch_size"] > 16
     gaps = [b - a for a, b in zip(ticks, ticks[1:], strict=False)]
     # The ticker wakes every 5 ms while decoding runs in the engine thread; a blocked loop would show
     # one gap as long as the whole generation.
     assert len(ticks) >= max(3, 0.25 * elapsed / 0.005)
-    assert max(gaps) < max(0.25, elapsed / 4), (max(gaps), elapsed)
+    assert max(gaps) < max(0.2, elapsed / 2), (max(gaps), elapsed)
 
 
 def test_pause_holds_decoding_and_resume_continues(model, tokenizer):
@@ -404,7 +404,7 @@ def test_pause_holds_decoding_and_resume_continues(model, tokenizer):
 
 def test_cancelling_the_caller_aborts_the_request_and_frees_its_slot(model, tokenizer):
     async def main():
-        engine = make_engine(model, tokenizer, max_batch=1)
+        engine = make_engine(model, tokenizer, max_batch=1, max_seq_len=2048)
         try:
             long = asyncio.create_task(
                 engine.generate(
@@ -438,7 +438,7 @@ def test_cancelling_the_caller_aborts_the_request_and_frees_its_slot(model, toke
 
 def test_close_aborts_in_flight_requests(model, tokenizer):
     async def main():
-        engine = make_engine(model, tokenizer)
+        engine = make_engine(model, tokenizer, max_seq_len=2048)
         task = asyncio.create_task(
             engine.generate(
                 GenerateRequest(
@@ -483,7 +483,7 @@ def test_update_weights_mid_generation_recomputes_cache(model, model_b, tokenize
             tasks = [
                 asyncio.create_task(
                     engine.generate(
-                        GenerateRequest(input_ids=p, sampling=SamplingParams(max_new_tokens=120, seed=i))
+                        GenerateRequest(input_ids=p, sampling=SamplingParams(max_new_tokens=300, seed=i))
                     )
                 )
                 for i, p in enumerate(ps)
@@ -502,7 +502,7 @@ def test_update_weights_mid_generation_recomputes_cache(model, model_b, tokenize
 
     responses, stats = run(main())
     for p, resp in zip(ps, responses, strict=True):
-        assert resp.output_len == 120
+        assert resp.output_len == 300
         check_two_version_response(p, resp, model, model_b)
     assert stats["weight_updates"] == 1 and stats["recomputed_tokens"] > 0
 
@@ -516,7 +516,7 @@ def test_update_weights_from_directory(model, model_b, tokenizer, tmp_path):
         try:
             task = asyncio.create_task(
                 engine.generate(
-                    GenerateRequest(input_ids=p, sampling=SamplingParams(max_new_tokens=150, seed=3))
+                    GenerateRequest(input_ids=p, sampling=SamplingParams(max_new_tokens=300, seed=3))
                 )
             )
             while engine.stats()["tokens_generated"] < 3:

@@ -112,3 +112,5 @@ def test_missing_model_offline_says_how_to_get_one(monkeypatch, tmp_path):
     assert "save_tiny" in msg and "smollm2-135m-instruct" in msg
     with pytest.raises(ConfigError, match="tokenizer 'asearch-test-org/no-such-model'"):
         load_tokenizer("asearch-test-org/no-such-model")
+    with pytest.raises(ConfigError, match="directory without a saved model"):
+        load_model(tmp_path)

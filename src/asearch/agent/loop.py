@@ -7,6 +7,7 @@ recorded exactly as sent (no re-tokenisation between turns), with loss mask, log
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -21,14 +22,22 @@ from asearch.config import Config
 from asearch.engine.types import Engine, GenerateRequest, GenerateResponse, SamplingParams
 from asearch.tools import Tool, run_tool
 
+_TRAILING_SPECIAL = re.compile(r"(?:\s*<\|[^|<>]{1,40}\|>)+\s*$")  # end-of-turn tokens like <|im_end|>
+
 
 class AgentConfig(Config):
     """Limits and sampling for one episode."""
 
     style: str = Field("asearcher", description="asearcher | reasoning | search-r1")
-    style_options: dict[str, Any] = Field(default_factory=dict, description="Overrides of the style's fields.")
-    max_turns: int = Field(32, ge=1, description="LLM calls per episode, reading turns included (128+ works).")
-    max_context_tokens: int = Field(8192, ge=16, description="Prompt + new tokens of one call; beyond it: finish.")
+    style_options: dict[str, Any] = Field(
+        default_factory=dict, description="Overrides of the style's fields."
+    )
+    max_turns: int = Field(
+        32, ge=1, description="LLM calls per episode, reading turns included (128+ works)."
+    )
+    max_context_tokens: int = Field(
+        8192, ge=16, description="Prompt + new tokens of one call; beyond it: finish."
+    )
     max_new_tokens: int = Field(512, ge=1, description="New tokens per LLM call.")
     temperature: float = Field(1.0, ge=0.0, description="0 = greedy.")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -42,7 +51,11 @@ class AgentConfig(Config):
 
     def resolved_style(self) -> AgentStyle:
         base = get_style(self.style)
-        return AgentStyle.model_validate({**base.model_dump(), **self.style_options}) if self.style_options else base
+        return (
+            AgentStyle.model_validate({**base.model_dump(), **self.style_options})
+            if self.style_options
+            else base
+        )
 
 
 class Tokenizer(Protocol):
@@ -91,21 +104,30 @@ async def run_episode(
             break
 
         # -- 1. what kind of turn, and what the model is told right before it
+        prefix = ""
         if pending_blocks:
             kind, allowed = "read", ()
-            suffix = style.observation_template.format(text=pending_blocks.pop(0)) + style.read_open
+            suffix = (
+                ctx.as_user_turn(style.observation_template.format(text=pending_blocks.pop(0)))
+                + style.read_open
+            )
             stop = [style.read_close]
         else:
             kind = "act"
             forced = style.force_answer_after is not None and actions_done >= style.force_answer_after
             allowed = ("answer",) if forced else style.actions
             suffix = style.force_answer_note if forced else ""
+            prefix = ""
+            if style.act_prefixes:
+                prefix = style.act_prefixes[min(actions_done, len(style.act_prefixes) - 1)]
+                suffix += prefix
             stop = [f"</{a}>" for a in allowed]
 
         # -- 2. generate under the context budget
         prompt_ids = ctx.begin_call(suffix, compactable=kind == "read")
-        turn_budget = style.read_max_new_tokens if kind == "read" else cfg.max_new_tokens
-        budget = min(turn_budget, cfg.max_context_tokens - len(prompt_ids))
+        turn_budget = style.read_max_new_tokens if kind == "read" else style.act_max_new_tokens or cfg.max_new_tokens
+        context_limit = min(cfg.max_context_tokens, getattr(engine, "max_seq_len", None) or cfg.max_context_tokens)
+        budget = min(turn_budget, context_limit - len(prompt_ids))
         if budget < 1:
             traj.finish = "max_tokens"
             break
@@ -119,8 +141,10 @@ async def run_episode(
             seed=None if seed is None else seed * 1_000_003 + traj.num_turns,
         )
         t0 = time.perf_counter()
-        resp = await engine.generate(GenerateRequest(input_ids=prompt_ids, sampling=sampling, trajectory_id=traj.id))
-        text = ctx.end_call(resp)
+        resp = await engine.generate(
+            GenerateRequest(input_ids=prompt_ids, sampling=sampling, trajectory_id=traj.id)
+        )
+        text = prefix + ctx.end_call(resp)  # the turn as the model sees it, including the loop's opening
         turn = Turn(
             kind=kind,
             output_text=text,
@@ -135,6 +159,9 @@ async def run_episode(
         if resp.stop_reason == "abort":
             traj.finish = "abort"
             break
+        if resp.stop_reason == "length" and resp.output_len == 0:  # the engine had no room left
+            traj.finish = "max_tokens"
+            break
 
         # -- 3. a reading turn only leaves its summary behind
         if kind == "read":
@@ -144,13 +171,18 @@ async def run_episode(
             continue
 
         # -- 4. parse the action; a malformed turn gets a correction, never a crash
+        opened = prefix[1:-1] if prefix.startswith("<") and prefix.endswith(">") else None
+        if style.close_opened_actions and opened in allowed and f"</{opened}>" not in text:
+            text = _TRAILING_SPECIAL.sub("", text).rstrip() + f"</{opened}>"
+            turn.output_text = text
+            traj.count("auto_closed")
         action = parse_action(text, allowed)
         turn.action, turn.argument = action.kind, action.argument or None
         if action.error:
             turn.parse_error = action.error
             traj.count("parse_errors")
             turn.observation = style.correction_template.format(error=action.error)
-            ctx.observe(turn.observation)
+            ctx.observe(ctx.as_user_turn(turn.observation))
             continue
         if action.kind == "answer":
             traj.answer = action.argument
@@ -177,7 +209,7 @@ async def run_episode(
         if style.reading_turns and turn.tool_error is None:
             pending_blocks.extend(blocks or [obs_text])
         else:
-            ctx.observe(style.observation_template.format(text=obs_text))
+            ctx.observe(ctx.as_user_turn(style.observation_template.format(text=obs_text)))
 
     if on_turn is not None:
         for turn in traj.turns[shown:]:
@@ -212,6 +244,13 @@ class _Context:
         user = style.user_template.format(question=question)
         self.opening_text = _render_opening(tokenizer, style, user)
         self.notes: list[str] = []
+        # chat models: tool results go in a user turn, wrapped exactly as the chat template would
+        self.user_turn = (
+            _user_turn_wrappers(tokenizer)
+            if _uses_chat(tokenizer, style) and style.history == "full"
+            else None
+        )
+        self._last_output = ""
         # full history: pieces of context as (ids, compact_ids | None) to rebuild after compaction
         self.pieces: list[tuple[list[int], list[int] | None]] = []
         self._last_block: int | None = None
@@ -236,7 +275,9 @@ class _Context:
             ids = self._encode(suffix)
             compact = None
             if compactable and self.style.compact_read_blocks is not None:
-                compact = self._encode(suffix[: self.style.compact_read_blocks] + " ...\n" + self.style.read_open)
+                compact = self._encode(
+                    suffix[: self.style.compact_read_blocks] + " ...\n" + self.style.read_open
+                )
                 self._last_block = len(self.pieces)
             self.traj.segments[-1].extend_context(ids)
             self.pieces.append((ids, compact))
@@ -246,7 +287,18 @@ class _Context:
         self.traj.segments[-1].extend_generated(resp.output_ids, resp.output_logprobs, resp.output_versions)
         if self.style.history == "full":
             self.pieces.append((resp.output_ids, None))
+        if self.user_turn is not None:
+            self._last_output = self.tok.decode(resp.output_ids, skip_special_tokens=False)
         return resp.text or self.tok.decode(resp.output_ids, skip_special_tokens=True)
+
+    def as_user_turn(self, text: str) -> str:
+        """Chat models: close the assistant turn (unless the model already did), then a user turn with
+        `text`, then open the next assistant turn. Raw-text styles: `text` unchanged."""
+        if self.user_turn is None:
+            return text
+        close, reopen = self.user_turn
+        done = next((k for k in range(len(close), 0, -1) if self._last_output.endswith(close[:k])), 0)
+        return close[done:] + text.strip("\n") + reopen
 
     def observe(self, text: str) -> None:
         """Show the model something it did not write (tool result, correction)."""
@@ -273,9 +325,28 @@ class _Context:
         self.traj.segments.append(seg)
 
 
+def _uses_chat(tokenizer: Any, style: AgentStyle) -> bool:
+    return bool(style.use_chat_template and getattr(tokenizer, "chat_template", None))
+
+
+def _user_turn_wrappers(tokenizer: Any) -> tuple[str, str]:
+    """(end of an assistant turn up to a user message's text, end of that user message up to the next
+    assistant turn), read off the tokenizer's own chat template so any chat model is wrapped right."""
+    a, u = "\x00ASSISTANT\x00", "\x00USER\x00"
+    messages = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": a},
+        {"role": "user", "content": u},
+    ]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    i, j = text.index(a) + len(a), text.index(u)
+    return text[i:j], text[j + len(u) :]
+
+
 def _render_opening(tokenizer: Any, style: AgentStyle, user: str) -> str:
     """System + first user message, in the tokenizer's chat template when it has one."""
-    if style.use_chat_template and getattr(tokenizer, "chat_template", None):
+    if _uses_chat(tokenizer, style):
         messages = [{"role": "system", "content": style.system_prompt}, {"role": "user", "content": user}]
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return f"{style.system_prompt}\n\n{user}\n"

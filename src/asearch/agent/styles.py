@@ -46,6 +46,17 @@ class AgentStyle(Config):
     )
     force_answer_note: str = "\n(You have gathered enough evidence: give your final answer now in <answer></answer>.)\n"
     use_chat_template: bool = Field(True, description="Wrap the opening in the tokenizer's chat template if it has one.")
+    act_max_new_tokens: int | None = Field(None, ge=1, description="Token budget of an act turn (None: agent.max_new_tokens).")
+    close_opened_actions: bool = Field(
+        False,
+        description="When an act prefix opened an action tag and the model's turn ends without closing it, close "
+        "it (counted as auto_closed). For small models that end their turn instead of writing the closing tag.",
+    )
+    act_prefixes: tuple[str, ...] = Field(
+        (),
+        description="Text that opens the k-th act turn (the last one repeats), e.g. '<think>' for reasoning "
+        "models. It is context the model continues from, not a generated token.",
+    )
 
 
 _ASEARCHER_SYSTEM = """You are a research assistant. You find facts with a search engine, then answer.
@@ -75,6 +86,17 @@ _SEARCH_R1_SYSTEM = """Answer the question. Reason inside <think></think>. If yo
 search engine with <search>query</search>; results appear between <information> and </information>.
 Search as often as you need. When ready, give the answer inside <answer></answer>, without explanation."""
 
+_GUIDED_SYSTEM = """Answer the question with the help of an encyclopedia search.
+Example:
+Question: Who wrote the play Hamlet?
+<search>Hamlet play</search>
+<information>
+[Doc 1](https://en.wikipedia.org/wiki/Hamlet):
+"Hamlet"
+Hamlet is a tragedy written by William Shakespeare.
+</information>
+<answer>William Shakespeare</answer>"""
+
 STYLES: dict[str, AgentStyle] = {
     "asearcher": AgentStyle(name="asearcher", system_prompt=_ASEARCHER_SYSTEM),
     "reasoning": AgentStyle(
@@ -82,6 +104,17 @@ STYLES: dict[str, AgentStyle] = {
         system_prompt=_REASONING_SYSTEM,
         history="summaries",
         force_answer_after=32,
+    ),
+    # Small instruct models (e.g. SmolLM2-135M) cannot drive the tag protocol themselves: the loop opens
+    # each act turn for them (first a search, then the answer); the query and the answer are the model's.
+    "guided": AgentStyle(
+        name="guided",
+        system_prompt=_GUIDED_SYSTEM,
+        actions=("search", "answer"),
+        reading_turns=False,
+        act_prefixes=("<search>", "<answer>"),
+        act_max_new_tokens=48,
+        close_opened_actions=True,
     ),
     "search-r1": AgentStyle(
         name="search-r1",

@@ -51,7 +51,7 @@ class Turn:
     """One LLM call and what followed it. `kind` is "act" (think + one action) or "read" (a summary)."""
 
     kind: Literal["act", "read"]
-    output_text: str
+    output_text: str  # what the model wrote, after any act prefix the style opened the turn with
     action: str | None = None  # search | access | answer | None
     argument: str | None = None
     observation: str | None = None  # text appended after this turn (tool result or correction)

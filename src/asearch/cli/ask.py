@@ -13,6 +13,8 @@ from rich.panel import Panel
 
 from asearch.cli.console import ConfigOption, OverridesArg, console
 
+SMALL_INSTRUCT_MODELS = {"smollm2-135m-instruct"}
+
 
 def ask(
     question: Annotated[str, typer.Argument(help="The question to research.")],
@@ -26,7 +28,7 @@ def ask(
     server_url: Annotated[str | None, typer.Option(help="A retrieval server url (asearch serve).")] = None,
     style: Annotated[str | None, typer.Option(help="asearcher | reasoning | search-r1")] = None,
     max_turns: Annotated[int | None, typer.Option(help="LLM calls, reading turns included.")] = None,
-    temperature: Annotated[float | None, typer.Option(help="0 = greedy.")] = None,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature; 0 = greedy (the default here).")] = 0.0,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the whole trajectory as JSON on stdout.")] = False,
 ) -> None:
@@ -49,6 +51,11 @@ def ask(
     if index is not None or server_url is not None:
         extra.append("tools.corpus=null")
     cfg = load_config(RuntimeConfig, config, [*extra, *(overrides or [])])
+    chose_style = style is not None or config is not None or any(o.startswith("agent.style") for o in overrides or [])
+    if not chose_style and cfg.engine.model.lower() in SMALL_INSTRUCT_MODELS:
+        # a 135M model cannot drive the tag protocol on its own: the guided style opens its turns for it
+        cfg.agent.style = "guided"
+        console.print(f"[dim]{cfg.engine.model}: using the 'guided' agent style (pass --style to override)[/dim]")
 
     async def main():
         with console.status("loading model and index ..."):

@@ -18,7 +18,7 @@ app = typer.Typer(help="Build, inspect and query retrieval indexes.", no_args_is
 
 
 def _mb(n_bytes: int) -> str:
-    return f"{n_bytes / 2**20:,.1f} MB"
+    return f"{n_bytes / 2**20:,.1f} MB" if n_bytes >= 2**20 else f"{n_bytes / 2**10:,.1f} KB"
 
 
 @app.command()

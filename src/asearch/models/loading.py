@@ -50,11 +50,14 @@ def resolve_model_path(name_or_path: str | os.PathLike[str]) -> str:
 
 def _not_found(name: str, what: str, err: Exception) -> ConfigError:
     aliases = ", ".join(repr(a) for a in BUILTIN_MODELS)
-    where = "is not a local directory" + (
-        " and is not in the Hugging Face cache (HF_HUB_OFFLINE=1)"
-        if hf_offline()
-        else " and could not be fetched"
-    )
+    if Path(name).is_dir():
+        where = "is a directory without a saved model (no config.json / tokenizer files)"
+    else:
+        where = "is not a local directory" + (
+            " and is not in the Hugging Face cache (HF_HUB_OFFLINE=1)"
+            if hf_offline()
+            else " and could not be fetched"
+        )
     return ConfigError(
         f"{what} {name!r} {where}: {err.__class__.__name__}: {str(err).splitlines()[0] if str(err) else ''}\n"
         f"  - use a built-in model: {aliases} (converted from the bundled GGUF on first use), or\n"

@@ -135,10 +135,6 @@ class _Records:
             if os.fstat(f.fileno()).st_size == 0:  # mmap of an empty file is an error; nothing to read anyway
                 return np.zeros(0, dtype) if dtype else b""
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        if dtype is None and hasattr(mmap, "MADV_RANDOM"):
-            # records are read one by one at random rows: without this hint every 600-byte read faults in
-            # ~64 KB around it (readahead/fault-around), which inflates RSS and cold-cache IO for nothing
-            mm.madvise(mmap.MADV_RANDOM)
         self._maps.append(mm)
         return np.frombuffer(mm, dtype=dtype) if dtype else mm
 

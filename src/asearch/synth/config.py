@@ -1,0 +1,189 @@
+"""Configuration of a synthesis run: backend, rounds and gates, the solver behind the difficulty gate, dedup."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from asearch.config import Config
+
+DIRECT_ANSWER_PROMPT = (
+    "Answer the question from memory with only the answer: a name, a year or a number. "
+    "Do not explain. If you do not know, make your best guess."
+)
+
+
+class EndpointConfig(Config):
+    """An OpenAI-compatible chat endpoint (vLLM, SGLang, llama.cpp server, a hosted API)."""
+
+    base_url: str = Field(description="API root with its version prefix, e.g. http://127.0.0.1:8000/v1.")
+    model: str = Field(description="Model name the endpoint serves.")
+    api_key_env: str = Field(
+        "OPENAI_API_KEY", description="Environment variable holding the key (may be unset)."
+    )
+    max_concurrency: int = Field(8, ge=1, description="Requests in flight to this endpoint.")
+    timeout_s: float = Field(120.0, gt=0, description="Per request.")
+    retries: int = Field(3, ge=0, description="HTTP-level retries on 429/5xx/connection errors.")
+    temperature: float = Field(0.7, ge=0, description="Sampling temperature of the operator or gate prompts.")
+    max_tokens: int = Field(256, ge=1, description="Reply budget per call.")
+    json_mode: bool = Field(
+        False,
+        description="Send response_format={'type': 'json_object'} so the server constrains replies to JSON "
+        "(vLLM and llama.cpp support it; small models need it).",
+    )
+
+
+class SolverConfig(Config):
+    """The tool-less model whose k direct answers measure difficulty."""
+
+    kind: Literal["inprocess", "chat"] = Field(
+        "inprocess", description="inprocess: a local HF model decoded in this process; chat: an endpoint."
+    )
+    model: str = Field(
+        "smollm2-135m-instruct",
+        description="HF directory or alias (inprocess), or the served model name (chat).",
+    )
+    base_url: str | None = Field(
+        None, description="chat: the endpoint's API root (http://127.0.0.1:8000/v1)."
+    )
+    k: int = Field(4, ge=1, description="Direct answers per question version.")
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature of the direct answers.")
+    max_tokens: int = Field(24, ge=1, description="Tokens per direct answer (answers are short).")
+    system_prompt: str = Field(DIRECT_ANSWER_PROMPT, description="What the solver is told.")
+    threads: int = Field(1, ge=1, description="inprocess: torch threads of the decode thread.")
+    max_batch: int = Field(64, ge=1, description="inprocess: requests decoded together.")
+    max_concurrency: int = Field(16, ge=1, description="chat: requests in flight.")
+    timeout_s: float = Field(120.0, gt=0, description="chat: per request.")
+
+    @model_validator(mode="after")
+    def _chat_needs_url(self) -> SolverConfig:
+        if self.kind == "chat" and not self.base_url:
+            raise ValueError("solver.kind='chat' needs solver.base_url (e.g. http://127.0.0.1:8000/v1)")
+        return self
+
+
+class GradingConfig(Config):
+    """How a direct answer is judged correct."""
+
+    method: Literal["em", "f1", "judge"] = Field(
+        "f1",
+        description="em: exact match; f1: token F1 >= f1_threshold; judge: an LLM judge (needs llm.judge).",
+    )
+    f1_threshold: float = Field(
+        0.8, gt=0, le=1, description="f1: the F1 at which an answer counts as correct."
+    )
+
+
+class GateConfig(Config):
+    """When an edit is kept and when a question is hard enough."""
+
+    max_correct: int = Field(
+        0, ge=0, description="Hard: at most this many of the solver's k direct answers are correct."
+    )
+    reject_easier: bool = Field(
+        True, description="Reject an edit whose direct-answer accuracy is higher than the version it edits."
+    )
+    max_words: int = Field(60, ge=5, description="Quality: longer questions are rejected as not fluent.")
+    max_facts: int = Field(8, ge=1, description="Quality (graph): at most this many constraints.")
+    max_depth: int = Field(3, ge=1, description="Quality (graph): at most this many nested relations.")
+
+
+class DedupConfig(Config):
+    """Near-duplicate removal over the accepted questions (MinHash over word shingles, then exact Jaccard)."""
+
+    enabled: bool = True
+    threshold: float = Field(
+        0.7, gt=0, le=1, description="Jaccard of word-bigram sets at which two questions clash."
+    )
+    same_answer_only: bool = Field(
+        True, description="Only questions with the same (normalised) answer can be duplicates of each other."
+    )
+    num_perm: int = Field(64, ge=8, description="MinHash permutations.")
+    bands: int = Field(16, ge=1, description="LSH bands (num_perm must be a multiple).")
+
+    @model_validator(mode="after")
+    def _bands_divide(self) -> DedupConfig:
+        if self.num_perm % self.bands:
+            raise ValueError(f"dedup.num_perm={self.num_perm} must be a multiple of dedup.bands={self.bands}")
+        return self
+
+
+class GraphBackendConfig(Config):
+    """The knowledge-graph backend over the embedded world."""
+
+    world_seed: int = Field(0, description="World seed (questions are about world:seed=<this>).")
+    entities: int = Field(2000, ge=100, description="World size.")
+    ask_attribute_share: float = Field(
+        0.2, ge=0, le=1, description="Share of base questions asking an attribute (a year) instead of a name."
+    )
+    max_description_facts: int = Field(
+        2, ge=1, description="FUZZ name->description adds up to this many facts to keep the answer unique."
+    )
+
+
+class LLMBackendConfig(Config):
+    """The prompt-driven backend: every operator and gate is a chat call."""
+
+    corpus: str = Field(
+        "wiki10k", description="Seed pages and linked pages: wiki10k | world[:opts] | a jsonl path."
+    )
+    generator: EndpointConfig | None = Field(None, description="Writes base QAs and edits.")
+    judge: EndpointConfig | None = Field(
+        None,
+        description="Quality and uniqueness gates (and grading when grading.method=judge); default: generator.",
+    )
+    page_chars: int = Field(2500, ge=200, description="Page text shown to the generator is cut to this.")
+    max_answer_words: int = Field(8, ge=1, description="Base answers longer than this are rejected.")
+    grounding: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="A statement counts as on its page when this share of its word pairs are there.",
+    )
+
+
+class SynthConfig(Config):
+    """One synthesis run (`asearch synth run -c configs/synth-world.yaml`)."""
+
+    backend: Literal["graph", "llm"] = Field("graph", description="graph: the embedded world; llm: prompts.")
+    seed: int = Field(0, description="Seeds the seed order and every operator's choices.")
+    n_questions: int = Field(500, ge=1, description="Stop once this many distinct questions are accepted.")
+    max_seeds: int | None = Field(None, ge=1, description="Try at most this many seeds (default: all).")
+    rounds: int = Field(6, ge=0, description="T: edit rounds per question at most.")
+    min_edits: int = Field(2, ge=0, description="Kept edits a question needs before it may stop as hard.")
+    p_inject: float = Field(
+        0.6, ge=0, le=1, description="Chance a round tries INJECT first (else FUZZ first)."
+    )
+    concurrency: int = Field(32, ge=1, description="Questions in the making at once.")
+    id_prefix: str = Field("synth", description="Question ids are <prefix>-<seed index>.")
+    out: Path | None = Field(None, description="Output directory (rerun with it to resume).")
+    graph: GraphBackendConfig = Field(default_factory=GraphBackendConfig)
+    llm: LLMBackendConfig = Field(default_factory=LLMBackendConfig)
+    solver: SolverConfig = Field(default_factory=SolverConfig)
+    grading: GradingConfig = Field(default_factory=GradingConfig)
+    gates: GateConfig = Field(default_factory=GateConfig)
+    dedup: DedupConfig = Field(default_factory=DedupConfig)
+
+    @model_validator(mode="after")
+    def _backend_ready(self) -> SynthConfig:
+        if self.backend == "llm" and self.llm.generator is None:
+            raise ValueError(
+                "backend='llm' needs llm.generator (base_url and model of the generator endpoint)"
+            )
+        if self.grading.method == "judge" and self.backend == "graph" and self.llm.judge is None:
+            raise ValueError(
+                "grading.method='judge' with the graph backend needs llm.judge (the judge endpoint)"
+            )
+        return self
+
+    def identity(self) -> dict:
+        """The settings that decide what the questions are: a resumed run must match them."""
+        d = self.model_dump(mode="json")
+        for key in ("n_questions", "max_seeds", "concurrency", "out"):
+            d.pop(key)
+        d["solver"].pop("max_concurrency", None)
+        d["solver"].pop("max_batch", None)
+        d["solver"].pop("threads", None)
+        return d

@@ -1,0 +1,186 @@
+"""The difficulty gate's solver: a model answering without tools, k times, and the grader of its answers.
+
+`ChatDirectSolver` asks an OpenAI-compatible endpoint; `EngineDirectSolver` decodes a local model with
+the in-process engine (SmolLM2 by default). Both send a per-answer seed derived from the question, so
+a rerun asks the same questions the same way. `Grader` scores answers by EM, F1 or an LLM judge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from asearch.metrics.qa import exact_match, f1
+from asearch.synth.config import EndpointConfig, GradingConfig, SolverConfig
+
+_MAX_ANSWER_CHARS = 200
+_PREFIX = re.compile(r"^\s*(?:final answer|answer|a)\s*[:\-]\s*", re.I)
+_SPECIAL = re.compile(r"<\|[^|>]*\|>|</?s>")
+
+
+def clean_answer(text: str) -> str:
+    """The first line of a reply, without special tokens, an "Answer:" prefix or a trailing full stop."""
+    text = _SPECIAL.sub("", text or "").strip()
+    line = next((x for x in text.splitlines() if x.strip()), "")
+    line = _PREFIX.sub("", line).strip().strip('"').strip()
+    if line.endswith(".") and not line.endswith(".."):
+        line = line[:-1]
+    return line[:_MAX_ANSWER_CHARS]
+
+
+def answer_seed(question: str, j: int, run_seed: int) -> int:
+    """A stable per-(question, answer index) sampling seed (Python's hash() is salted per process)."""
+    digest = hashlib.sha256(f"{run_seed}\x00{j}\x00{question}".encode()).digest()
+    return int.from_bytes(digest[:7], "big")
+
+
+class DirectSolver(Protocol):
+    """Answers a question from memory; `name` identifies the model in output rows."""
+
+    name: str
+
+    async def answers(self, question: str, k: int, seed: int) -> list[str]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class ChatDirectSolver:
+    """k chat completions (sent concurrently) against an OpenAI-compatible endpoint."""
+
+    def __init__(self, client: Any, cfg: SolverConfig):
+        self.client, self.cfg = client, cfg
+        self.name = f"chat:{cfg.model}"
+
+    def messages(self, question: str) -> list[dict[str, str]]:
+        return [{"role": "system", "content": self.cfg.system_prompt}, {"role": "user", "content": question}]
+
+    async def answers(self, question: str, k: int, seed: int) -> list[str]:
+        async def one(j: int) -> str:
+            reply = await self.client.chat(
+                self.messages(question),
+                temperature=self.cfg.temperature,
+                max_tokens=self.cfg.max_tokens,
+                seed=answer_seed(question, j, seed),
+            )
+            return clean_answer(reply.text)
+
+        return list(await asyncio.gather(*(one(j) for j in range(k))))
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+class EngineDirectSolver:
+    """k generations from an `Engine` that takes chat messages (the in-process engine with its tokenizer)."""
+
+    def __init__(self, engine: Any, cfg: SolverConfig, name: str | None = None):
+        self.engine, self.cfg = engine, cfg
+        self.name = name or f"inprocess:{cfg.model}"
+        tok = getattr(engine, "tokenizer", None)
+        self._stop_ids = [tok.eos_token_id] if tok is not None and tok.eos_token_id is not None else []
+
+    async def answers(self, question: str, k: int, seed: int) -> list[str]:
+        from asearch.engine.types import GenerateRequest, SamplingParams
+
+        messages = [
+            {"role": "system", "content": self.cfg.system_prompt},
+            {"role": "user", "content": question},
+        ]
+
+        async def one(j: int) -> str:
+            sampling = SamplingParams(
+                temperature=self.cfg.temperature,
+                max_new_tokens=self.cfg.max_tokens,
+                stop=["\n"],
+                stop_token_ids=list(self._stop_ids),
+                seed=answer_seed(question, j, seed),
+            )
+            response = await self.engine.generate(GenerateRequest(messages=messages, sampling=sampling))
+            return clean_answer(response.text)
+
+        return list(await asyncio.gather(*(one(j) for j in range(k))))
+
+    async def aclose(self) -> None:
+        await self.engine.close()
+
+
+def build_solver(cfg: SolverConfig) -> DirectSolver:
+    """The configured solver (loads the local model for `inprocess`)."""
+    if cfg.kind == "chat":
+        from asearch.engine.openai_chat import OpenAIChatClient
+
+        assert cfg.base_url is not None  # the config validator guarantees it
+        client = OpenAIChatClient(
+            cfg.base_url, cfg.model, max_concurrency=cfg.max_concurrency, timeout=cfg.timeout_s
+        )
+        return ChatDirectSolver(client, cfg)
+    import torch
+
+    from asearch.engine.inprocess import InProcessEngine, InProcessEngineConfig
+
+    torch.set_num_threads(cfg.threads)
+    engine_cfg = InProcessEngineConfig(threads=cfg.threads, max_batch=cfg.max_batch, max_seq_len=1024)
+    return EngineDirectSolver(InProcessEngine.from_pretrained(cfg.model, cfg=engine_cfg), cfg)
+
+
+def chat_client(cfg: EndpointConfig) -> Any:
+    """An `OpenAIChatClient` for an endpoint config."""
+    from asearch.engine.openai_chat import OpenAIChatClient
+
+    return OpenAIChatClient(
+        cfg.base_url,
+        cfg.model,
+        api_key_env=cfg.api_key_env,
+        max_concurrency=cfg.max_concurrency,
+        timeout=cfg.timeout_s,
+        retries=cfg.retries,
+    )
+
+
+@dataclass(slots=True)
+class DirectResult:
+    """The solver's answers to one question version and how many were judged correct."""
+
+    answers: list[str]
+    correct: list[bool | None]  # None: the judge failed on that answer (counted as not correct)
+    judge_errors: int = 0
+    wrong: list[str] = field(default_factory=list)  # distinct answers judged incorrect
+
+    @property
+    def n_correct(self) -> int:
+        return sum(1 for c in self.correct if c)
+
+    @property
+    def accuracy(self) -> float:
+        return self.n_correct / len(self.correct) if self.correct else 0.0
+
+
+class Grader:
+    """Decides whether a direct answer is right: EM, F1 >= threshold, or an LLM judge."""
+
+    def __init__(self, cfg: GradingConfig, judge: Any = None):
+        if cfg.method == "judge" and judge is None:
+            raise ValueError("grading.method='judge' needs a judge")
+        self.cfg, self.judge = cfg, judge
+
+    @property
+    def name(self) -> str:
+        return f"f1>={self.cfg.f1_threshold:g}" if self.cfg.method == "f1" else self.cfg.method
+
+    async def grade(self, question: str, answers: Sequence[str], golds: Sequence[str]) -> DirectResult:
+        correct: list[bool | None]
+        errors = 0
+        if self.cfg.method == "em":
+            correct = [exact_match(a, golds) == 1.0 for a in answers]
+        elif self.cfg.method == "f1":
+            correct = [f1(a, golds) >= self.cfg.f1_threshold for a in answers]
+        else:
+            verdicts = await asyncio.gather(*(self.judge.judge(question, a, golds) for a in answers))
+            correct = [v.correct for v in verdicts]
+            errors = sum(1 for v in verdicts if v.correct is None)
+        wrong = list(dict.fromkeys(a for a, c in zip(answers, correct, strict=True) if c is False and a))
+        return DirectResult(list(answers), correct, errors, wrong)

@@ -1,0 +1,271 @@
+"""How one web service is called: bounded concurrency, a rate limit, per-attempt timeouts, retries with
+jittered backoff, and a circuit breaker that stops calling a service that keeps failing.
+
+    RemoteError (asearch.errors)
+    ├── TransientError     worth retrying: timeouts, connection failures, HTTP 429 and 5xx
+    └── CircuitOpen        the breaker is open; no request was sent
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal, TypeVar
+
+import httpx
+from pydantic import Field, model_validator
+
+from asearch.config import Config
+from asearch.errors import RemoteError, ToolError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Clock = Callable[[], float]
+
+
+class TransientError(RemoteError):
+    """A failure that may pass on its own; `retry_after_s` is the server's hint (HTTP Retry-After), if any."""
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class CircuitOpen(RemoteError):
+    """The service failed too often in a row; calls are refused without a request until the breaker resets."""
+
+
+class ResilienceConfig(Config):
+    """Timeouts, retries, concurrency, rate limit and circuit breaker of one web service."""
+
+    timeout_s: float = Field(15.0, gt=0, description="Limit of one attempt (connect + answer + body).")
+    attempts: int = Field(3, ge=1, description="Tries per call; only transient failures are tried again.")
+    backoff_s: float = Field(
+        1.0, ge=0, description="Wait before retry k is backoff_s * 2**k, times a 0.5-1 jitter."
+    )
+    max_backoff_s: float = Field(8.0, ge=0, description="Cap of one wait (a server's Retry-After included).")
+    max_concurrency: int = Field(16, ge=1, description="Requests in flight at once to this service.")
+    rate_per_s: float | None = Field(
+        None, gt=0, description="Requests per second at most, over time (None = no limit)."
+    )
+    burst: int = Field(1, ge=1, description="Requests that may go at once before the rate limit applies.")
+    breaker_failures: int = Field(
+        5, ge=0, description="Consecutive failed calls that open the circuit breaker (0 = no breaker)."
+    )
+    breaker_reset_s: float = Field(
+        30.0, gt=0, description="How long an open breaker refuses calls before it lets one trial through."
+    )
+
+    @model_validator(mode="after")
+    def _backoff_cap(self) -> ResilienceConfig:
+        if self.max_backoff_s < self.backoff_s:
+            raise ValueError(f"max_backoff_s ({self.max_backoff_s}) is below backoff_s ({self.backoff_s})")
+        return self
+
+
+class RateLimiter:
+    """Token bucket: `burst` requests at once, then one every 1/rate seconds. Waiting callers queue in
+    arrival order because each reserves its slot before sleeping (no lock needed on one event loop)."""
+
+    def __init__(self, rate_per_s: float, burst: int = 1, *, clock: Clock = time.monotonic):
+        self.rate, self.burst, self.clock = rate_per_s, burst, clock
+        self._tokens = float(burst)
+        self._stamp = clock()
+        self._lock = threading.Lock()
+        self.waited_s = 0.0
+
+    def reserve(self) -> float:
+        """Take a token; return how long the caller must wait before using it."""
+        with self._lock:
+            now = self.clock()
+            self._tokens = min(float(self.burst), self._tokens + (now - self._stamp) * self.rate)
+            self._stamp = now
+            self._tokens -= 1.0
+            wait = 0.0 if self._tokens >= 0 else -self._tokens / self.rate
+            self.waited_s += wait
+            return wait
+
+    async def acquire(self) -> None:
+        wait = self.reserve()
+        if wait > 0:
+            await asyncio.sleep(wait)
+
+
+BreakerState = Literal["closed", "open", "half_open"]
+
+
+class CircuitBreaker:
+    """closed -> (`threshold` failed calls in a row) -> open -> (`reset_s` later) -> half_open: one trial
+    call goes through; its success closes the breaker, its failure opens it again."""
+
+    def __init__(self, name: str, threshold: int, reset_s: float, *, clock: Clock = time.monotonic):
+        self.name, self.threshold, self.reset_s, self.clock = name, threshold, reset_s, clock
+        self.state: BreakerState = "closed"
+        self.consecutive_failures = 0
+        self.opened_at = 0.0
+        self.trips = 0
+        self.refused = 0
+        self._trial_in_flight = False
+        self._lock = threading.Lock()
+
+    def before_call(self) -> None:
+        """Raise CircuitOpen unless a call may go now."""
+        if self.threshold == 0:
+            return
+        with self._lock:
+            if self.state == "closed":
+                return
+            remaining = self.opened_at + self.reset_s - self.clock()
+            if self.state == "open" and remaining <= 0:
+                self.state, self._trial_in_flight = "half_open", False
+            if self.state == "half_open" and not self._trial_in_flight:
+                self._trial_in_flight = True
+                return
+            self.refused += 1
+            wait = f"next trial in {remaining:.0f} s" if remaining > 0 else "a trial call is in flight"
+            raise CircuitOpen(
+                f"{self.name}: circuit breaker open after {self.consecutive_failures} failed calls in a row; "
+                f"no request sent ({wait})"
+            )
+
+    def release_trial(self) -> None:
+        """A half-open trial that sent no request gives its slot back."""
+        with self._lock:
+            self._trial_in_flight = False
+
+    def record_success(self) -> None:
+        with self._lock:
+            self.state, self.consecutive_failures, self._trial_in_flight = "closed", 0, False
+
+    def record_failure(self) -> None:
+        if self.threshold == 0:
+            return
+        with self._lock:
+            self.consecutive_failures += 1
+            if self.state == "half_open" or self.consecutive_failures >= self.threshold:
+                if self.state != "open":
+                    self.trips += 1
+                    log.warning(
+                        "%s: circuit breaker opened after %d failures", self.name, self.consecutive_failures
+                    )
+                self.state, self.opened_at, self._trial_in_flight = "open", self.clock(), False
+
+
+class Resilience:
+    """Runs calls to one service under its `ResilienceConfig` and counts what happened.
+
+    `run(attempt)` calls `attempt()` (one request) until it succeeds, fails for good, or the attempts are
+    used up. Transient failures (TransientError, httpx timeouts and transport errors) are retried;
+    other RemoteErrors fail at once; ToolErrors (a refused url, a spent budget) pass through untouched
+    and are no fault of the service. The last failure becomes `RemoteError("<name>: <problem> (3 attempts)")`.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        config: ResilienceConfig | None = None,
+        *,
+        clock: Clock = time.monotonic,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+    ):
+        self.name = name
+        self.config = config or ResilienceConfig()
+        c = self.config
+        self.breaker = CircuitBreaker(name, c.breaker_failures, c.breaker_reset_s, clock=clock)
+        self.limiter = RateLimiter(c.rate_per_s, c.burst, clock=clock) if c.rate_per_s else None
+        self._sleep = sleep
+        self._semaphores: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+        self.calls = self.successes = self.failures = self.refused = self.retries = self.attempts = 0
+        self.in_flight = self.max_in_flight = 0
+        self.errors: dict[str, int] = {}
+
+    def _semaphore(self) -> asyncio.Semaphore:
+        # A semaphore belongs to one event loop; tests and CLIs may run several loops one after another.
+        loop = asyncio.get_running_loop()
+        sem = self._semaphores.get(loop)
+        if sem is None:
+            self._semaphores = {k: v for k, v in self._semaphores.items() if not k.is_closed()}
+            sem = self._semaphores[loop] = asyncio.Semaphore(self.config.max_concurrency)
+        return sem
+
+    def _delay(self, attempt: int, hint: float | None) -> float:
+        c = self.config
+        base = c.backoff_s * 2**attempt * random.uniform(0.5, 1.0)
+        return min(c.max_backoff_s, max(base, hint or 0.0))
+
+    async def run(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        c = self.config
+        self.calls += 1
+        self.breaker.before_call()
+        last = ""
+        for k in range(c.attempts):
+            if k:
+                self.retries += 1
+            hint: float | None = None
+            if self.limiter is not None:
+                await self.limiter.acquire()
+            try:
+                async with self._semaphore():
+                    self.attempts += 1
+                    self.in_flight += 1
+                    self.max_in_flight = max(self.max_in_flight, self.in_flight)
+                    try:
+                        async with asyncio.timeout(c.timeout_s):
+                            result = await attempt()
+                    finally:
+                        self.in_flight -= 1
+            except (TimeoutError, httpx.TimeoutException):
+                last, kind = f"timeout after {c.timeout_s:g} s", "timeout"
+            except httpx.TransportError as e:
+                last, kind = f"connection failed ({type(e).__name__}: {e})", "connection"
+            except TransientError as e:
+                last, kind, hint = str(e), "transient", e.retry_after_s
+            except ToolError:  # refused (url guard, budget, media type): says nothing of the service's health
+                self.refused += 1
+                self.breaker.release_trial()
+                raise
+            except RemoteError as e:
+                self.failures += 1
+                self._count("rejected")
+                self.breaker.record_success()  # the service answered; it is up
+                raise RemoteError(f"{self.name}: {e}") from e
+            else:
+                self.successes += 1
+                self.breaker.record_success()
+                return result
+            self._count(kind)
+            log.info("%s: attempt %d/%d failed: %s", self.name, k + 1, c.attempts, last)
+            if k + 1 < c.attempts:
+                await self._sleep(self._delay(k, hint))
+        self.failures += 1
+        self.breaker.record_failure()
+        tries = f" ({c.attempts} attempts)" if c.attempts > 1 else ""
+        raise RemoteError(f"{self.name}: {last}{tries}")
+
+    def _count(self, kind: str) -> None:
+        self.errors[kind] = self.errors.get(kind, 0) + 1
+
+    def stats(self) -> dict[str, float]:
+        """Counters for metrics: calls, failures, retries, breaker state (0 closed, 1 open, 0.5 half open)."""
+        b = self.breaker
+        out: dict[str, float] = {
+            "calls": self.calls,
+            "successes": self.successes,
+            "failures": self.failures,
+            "refused": self.refused,
+            "retries": self.retries,
+            "attempts": self.attempts,
+            "max_in_flight": self.max_in_flight,
+            "breaker_open": {"closed": 0.0, "half_open": 0.5, "open": 1.0}[b.state],
+            "breaker_trips": b.trips,
+            "breaker_refused": b.refused,
+        }
+        if self.limiter is not None:
+            out["rate_limited_s"] = round(self.limiter.waited_s, 3)
+        out.update({f"errors_{k}": v for k, v in sorted(self.errors.items())})
+        return out

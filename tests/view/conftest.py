@@ -1,0 +1,229 @@
+"""Real run directories for the viewer tests, made by running the real producers on a four-page corpus.
+
+    runs/demo-seed0/            summary.json, curve.png (asearch.demo.report.write_plot), report.md
+    runs/demo-seed0/rl/         a train run: RunDir rows + trajectories of scripted agent episodes
+    runs/eval-mini/             asearch.eval.runner.evaluate over two datasets, k=2
+    runs/ask.json               one `asearch ask --json` trajectory whose model output is an XSS attempt
+    runs/synth/questions.jsonl  synthesised questions (hand-written: the synth producer is not merged yet)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from asearch.agent import AgentConfig, run_episode
+from asearch.corpus.types import Document, Page
+from asearch.engine.scripted import ScriptedEngine
+from asearch.eval.datasets import QARecord
+from asearch.eval.runner import evaluate
+from asearch.files import write_jsonl
+from asearch.metrics.reward import RewardConfig, compute_reward
+from asearch.models.tiny import train_bpe_tokenizer
+from asearch.retrieval.index import IndexConfig, build_index, open_index
+from asearch.runs import RunDir
+from asearch.tools import AccessTool, SearchTool
+
+DOCS = [
+    ("Ada Varn", "Ada Varn is a chemist. Ada Varn was born in Oslen. She works for Brightwell."),
+    ("Oslen", "Oslen is a city in Tarnia. Oslen has a harbour."),
+    ("Brightwell", "Brightwell is a company founded in 1921. Its headquarters are in Kettering."),
+    ("Tomas Grell", "Tomas Grell is a painter born in Kettering."),
+]
+XSS = '<script>window.__xss = 1</script><img src=x onerror="window.__xss = 1">'
+
+
+class _Source:
+    name = "view-mini"
+
+    def documents(self):
+        for i, (t, x) in enumerate(DOCS):
+            yield Document(id=str(i), title=t, text=x, url=f"https://mini.example/wiki/{t.replace(' ', '_')}")
+
+    def pages(self):
+        for d in self.documents():
+            yield Page(url=d.url, title=d.title, contents=d.text)
+
+    def fingerprint(self):
+        return "view-mini-v1"
+
+
+def scripted(query: str, answer: str, note: str):
+    """A policy that searches `query`, summarises the results as `note`, then answers `answer`."""
+
+    searched = []  # one policy per episode: the first act turn searches, the next answers
+
+    def policy(prompt: str) -> str:
+        if prompt.endswith("<summary>"):
+            return f"The results say {note}.</summary>"
+        if searched:
+            return f"<think>So the answer is {answer}.</think>\n<answer>{answer}</answer>"
+        searched.append(query)
+        return f"<think>I should look up {query}.</think>\n<search>{query}</search>"
+
+    return policy
+
+
+QUESTIONS = {  # id: (dataset, question, gold, search query)
+    "ada": ("mini-a", "Where was Ada Varn born?", "Oslen", "Ada Varn born"),
+    "founded": ("mini-a", "When was Brightwell founded?", "1921", "Brightwell founded"),
+    "tomas": ("mini-a", "Where was Tomas Grell born?", "Kettering", "Tomas Grell"),
+    "country": ("mini-b", "Which country is Oslen in?", "Tarnia", "Oslen city"),
+    "hq": ("mini-b", "Where are Brightwell's headquarters?", "Kettering", "Brightwell headquarters"),
+}
+# seed 0 answers all but "tomas" right; seed 1 also gets "hq" wrong
+WRONG = {0: {"tomas"}, 1: {"tomas", "hq"}}
+
+
+class World:
+    def __init__(self, root: Path):
+        out = root / "index"
+        build_index(_Source(), out, IndexConfig(), progress=False)
+        index = open_index(out)
+        self.tools = {"search": SearchTool(index.retriever("bm25"), {"topk": 2}), "access": AccessTool(index.pages)}
+        texts = [x for _, x in DOCS] * 20 + ["<search></search><answer></answer><summary></summary><think></think>"] * 20
+        self.tok = train_bpe_tokenizer(texts, vocab_size=400)
+
+    async def episode(self, question: str, policy, *, version: int = 0, **kw):
+        engine = ScriptedEngine(self.tok, policy, version=version)
+        return await run_episode(engine, self.tok, self.tools, question, AgentConfig(), **kw)
+
+
+def _answer(qid: str, seed: int) -> str:
+    gold = QUESTIONS[qid][2]
+    return "Brightwell" if qid in WRONG[seed] else gold
+
+
+def make_train_run(world: World, path: Path, steps: int = 6) -> RunDir:
+    """A train run dir as `asearch train` leaves it mid-run: config, metric rows, sampled trajectories."""
+    run = RunDir(path, tensorboard=False)
+    (path / "config.yaml").write_text("seed: 0\nsteps: 100\nrollout:\n  batch_size: 1\n  group_size: 4\n")
+    run.log(0, {"eval/heldout_acc": 0.25, "perf/rl_wall_s": 0.0})
+    ids = list(QUESTIONS)
+    for step in range(1, steps + 1):
+        qid = ids[step % len(ids)]
+        _, question, gold, query = QUESTIONS[qid]
+        trajs = []
+        for k in range(4):
+            answer = gold if k < 1 + step // 2 else "Brightwell"  # the policy improves with steps
+            policy = scripted(query, answer, f"{answer} (sample {k})")
+            traj = asyncio.run(world.episode(question, policy, version=max(0, step - 1 - k % 2)))
+            res = compute_reward(traj, [gold], RewardConfig(metric="em"))
+            traj.reward, traj.metadata["score"] = res.reward, res.score
+            trajs.append(traj)
+        n = len(trajs)
+        metrics = {  # the names `asearch.rl.run._rollout_metrics` writes
+            "rollout/reward_mean": sum(t.reward for t in trajs) / n,
+            "rollout/accuracy": sum(t.metadata["score"] for t in trajs) / n,
+            "rollout/turns_mean": sum(t.num_turns for t in trajs) / n,
+            "rollout/searches_mean": sum(t.counters.get("searches", 0) for t in trajs) / n,
+            "rollout/gen_tokens_mean": sum(t.generated_tokens for t in trajs) / n,
+            "rollout/parse_errors": float(sum(t.counters.get("parse_errors", 0) for t in trajs)),
+            "rollout/tool_errors": float(sum(t.counters.get("tool_errors", 0) for t in trajs)),
+            "rollout/no_answer_rate": sum(t.answer is None for t in trajs) / n,
+            "rollout/staleness_max": float(max(step - 1 - t.min_version for t in trajs)),
+            "rollout/staleness_mean": sum(step - 1 - t.min_version for t in trajs) / n,
+            "rollout/rejected/stale": float(step // 3),
+            "perf/trajectories_per_s": 4.0 / (0.5 + 0.1 * step),
+            "perf/step_s": 0.5 + 0.1 * step,
+            "perf/rl_wall_s": run.wall_s,
+            "loss/policy": 0.1 / step,
+        }
+        if step % 3 == 0:
+            metrics["eval/heldout_acc"] = 0.25 + 0.1 * step / 3
+        run.log(step, metrics)
+        for t in trajs:
+            run.log_trajectory({"step": step, "group": step, **t.to_dict()})
+    return run
+
+
+def make_eval_run(world: World, path: Path) -> None:
+    records = [QARecord(id=q, question=x[1], golds=[x[2]], dataset=x[0]) for q, x in QUESTIONS.items()]
+
+    async def solve(rec: QARecord, seed: int):
+        _, question, _, query = QUESTIONS[rec.id]
+        answer = _answer(rec.id, seed)
+        return await world.episode(
+            question,
+            scripted(query, answer, f"it is {answer}"),
+            trajectory_id=f"{rec.dataset}/{rec.id}/seed{seed}",
+            seed=seed,
+            metadata={"dataset": rec.dataset, "question_id": rec.id},
+        )
+
+    evaluate(solve, records, out_dir=path, k=2, concurrency=4, progress=False)
+
+
+def make_ask_file(world: World, path: Path) -> dict:
+    searched = []
+
+    def policy(prompt: str) -> str:
+        if prompt.endswith("<summary>"):
+            return f"Nothing here {XSS}</summary>"
+        if searched:
+            return f"<think>Done {XSS}</think>\n<answer>{XSS}</answer>"
+        searched.append(1)
+        return f"<think>Try {XSS}</think>\n<search>Oslen {XSS}</search>"
+
+    traj = asyncio.run(world.episode(f"Who is {XSS}?", policy))
+    record = traj.to_dict()
+    path.write_text(json.dumps(record, ensure_ascii=False) + "\n")
+    return record
+
+
+SYNTH = [
+    {
+        "question": "Which city, home to a harbour, is the birthplace of a chemist working for a 1921 company?",
+        "answer": "Oslen",
+        "statements": [
+            {"text": "Ada Varn was born in Oslen.", "url": "https://mini.example/wiki/Ada_Varn"},
+            {"text": "Oslen has a harbour.", "url": "https://mini.example/wiki/Oslen"},
+            {"text": "Brightwell was founded in 1921.", "url": "javascript:alert(1)"},
+        ],
+        "edit_history": [
+            {"action": "base", "question_after": "Where was Ada Varn born?", "direct_answer_accuracy": 1.0},
+            {
+                "action": "fuzz",
+                "question_before": "Where was Ada Varn born?",
+                "question_after": "Where was a chemist working for Brightwell born?",
+                "direct_answer_accuracy": 0.5,
+            },
+            {
+                "action": "inject",
+                "question_before": "Where was a chemist working for Brightwell born?",
+                "question_after": "Which city, home to a harbour, is the birthplace of a chemist working for a 1921 company?",
+                "direct_answer_accuracy": 0.0,
+                "linked_page": "https://mini.example/wiki/Oslen",
+            },
+        ],
+        "unique_verified": True,
+        "root_url": "https://mini.example/wiki/Ada_Varn",
+    },
+    {"question": "Who founded Brightwell?", "answer": "unknown", "statements": ["Brightwell is a company."],
+     "unique_verified": False},  # fmt: skip
+]
+
+
+@pytest.fixture(scope="session")
+def runs_root(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("view")
+    world = World(tmp)
+    root = tmp / "runs"
+    demo = root / "demo-seed0"
+    rl = make_train_run(world, demo / "rl")
+    summary = {"seed": 0, "heldout_acc_before": 0.25, "heldout_acc_after": 0.45, "rl_steps": 6}
+    (demo / "summary.json").write_text(json.dumps(summary))
+    (demo / "report.md").write_text("# Demo report\n\nheld-out accuracy 0.25 -> 0.45\n")
+    try:
+        from asearch.demo.report import write_plot
+
+        write_plot(rl.metrics(), demo / "curve.png", before=0.25, after=0.45)
+    except ImportError:  # matplotlib is in the cpu extra; the viewer test does not need the png
+        pass
+    make_eval_run(world, root / "eval-mini")
+    make_ask_file(world, root / "ask.json")
+    write_jsonl(root / "synth" / "questions.jsonl", SYNTH)
+    return root
