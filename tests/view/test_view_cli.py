@@ -9,7 +9,7 @@ import time
 
 import httpx
 
-from asearch.retrieval.server import free_port
+from asearch.net import free_port
 
 # The command as the top-level app will mount it (`app.command("view")(view)`), with its error handling.
 MOUNTED = (

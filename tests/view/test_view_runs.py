@@ -52,8 +52,19 @@ def test_files_and_run_dirs_named_directly(runs_root, tmp_path):
     plain = tmp_path / "questions.jsonl"  # plain QA lines count as synth output only when named
     write_jsonl(plain, [{"question": "Where is Oslen?", "answer": "Tarnia"}])
     (tmp_path / "notes.txt").write_text("not a run")
-    catalog = Catalog([many, plain, runs_root / "ask.json"])
-    assert kinds(catalog) == {"asks.jsonl": "trajectories", "questions.jsonl": "synth", "ask.json": "trajectories"}
+    appended = tmp_path / "appended.json"  # `asearch ask --json >> appended.json`, twice
+    appended.write_text("".join(json.dumps({**one, "id": i}) + "\n" for i in ("a", "b")))
+    catalog = Catalog([many, plain, runs_root / "ask.json", appended])
+    assert kinds(catalog) == {
+        "asks.jsonl": "trajectories",
+        "questions.jsonl": "synth",
+        "ask.json": "trajectories",
+        "appended.json": "trajectories",
+    }
+    assert [r.id for r in next(r for r in catalog.all() if r.name == "appended.json").trajectory_rows()] == [
+        "a",
+        "b",
+    ]
     traj = next(r for r in catalog.all() if r.name == "asks.jsonl")
     assert [row.question for row in traj.trajectory_rows()] == [one["question"], "Where is Oslen?"]
     assert traj.open_trajectory(1)["id"] == "second"

@@ -43,7 +43,7 @@ def test_runs_pages_and_headers(served):
         assert "script-src 'self'" in r.headers["content-security-policy"]
         assert r.headers["x-content-type-options"] == "nosniff"
     page = client.get("/").text
-    assert page.count('<figure class="chart"') >= 10 and f'&quot;id&quot;: &quot;{RL}&quot;' in page
+    assert page.count('<figure class="chart"') >= 10 and f"&quot;id&quot;: &quot;{RL}&quot;" in page
     png = client.get("/file/demo-seed0/curve.png")
     assert png.status_code == 200 and png.content.startswith(b"\x89PNG")
 
@@ -91,7 +91,9 @@ def test_trajectory_filters(served):
     wrong = sorted((r["trajectory"]["id"], r["pass"]) for r in results if r["em"] < 1)
     assert ids(outcome="wrong") == wrong and len(wrong) == 3
     assert len(ids(outcome="correct")) == len(results) - 3
-    assert ids(dataset="mini-b") == sorted((r["trajectory"]["id"], r["pass"]) for r in results if r["dataset"] == "mini-b")
+    assert ids(dataset="mini-b") == sorted(
+        (r["trajectory"]["id"], r["pass"]) for r in results if r["dataset"] == "mini-b"
+    )
     assert ids(min_turns="4") == [] and len(ids(min_turns="3", max_turns="3")) == len(results)
     assert ids(q="tomas") == sorted((r["trajectory"]["id"], r["pass"]) for r in results if r["id"] == "tomas")
     assert client.get("/api/trajectories", params={"run": "eval-mini", "outcome": "maybe"}).status_code == 400
@@ -145,7 +147,10 @@ def test_eval_tables_show_the_summary_numbers(served):
     page = client.get("/", params={"metric": "f1", "estimate": "pass_at_k"}).text
     for name in ("mini-a", "mini-b"):
         e = summary["datasets"][name]["metrics"]["f1"]["pass_at_k"]
-        assert f'{100 * e["mean"]:.1f} <span class="ci">[{100 * e["low"]:.1f}, {100 * e["high"]:.1f}]</span>' in page
+        assert (
+            f'{100 * e["mean"]:.1f} <span class="ci">[{100 * e["low"]:.1f}, {100 * e["high"]:.1f}]</span>'
+            in page
+        )
     assert "F1 Pass@k in %" in page
     assert client.get("/", params={"metric": "bleu"}).status_code == 400
     evals = client.get("/api/eval").json()["evals"]
@@ -161,3 +166,14 @@ def test_guards(served):
     assert client.get("/static/..%2Fserver.py").status_code == 404
     assert client.get("/api/metrics", params={"run": "nope"}).status_code == 404
     assert client.get("/api/metrics", params={"run": "eval-mini"}).status_code == 400
+
+
+def test_pages_with_nothing_of_their_kind(tmp_path):
+    RunDir(tmp_path / "only-train", tensorboard=False).log(1, {"rollout/reward_mean": 0.5})
+    with serve_in_thread(create_app([tmp_path / "only-train"])) as url:
+        synth = httpx.get(url + "/synth")
+        assert synth.status_code == 200 and "None of the runs is synthesis output." in synth.text
+        trajectories = httpx.get(url + "/trajectories").text
+        assert "0 of 0 trajectories match" in trajectories
+        overview = httpx.get(url + "/").text
+        assert 'id="curves"' in overview and 'id="evaluation"' not in overview

@@ -4,6 +4,7 @@ static site read directly (HTML through trafilatura, PDF through pypdf, charsets
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import logging
 
@@ -17,7 +18,7 @@ from asearch.web import (
     SerperBackend,
     WebPageBackend,
     WebRuntime,
-    extract,
+    extract_text,
 )
 from asearch.web.fakes import minimal_pdf
 
@@ -114,6 +115,7 @@ def test_direct_fetch_extracts_main_text(fake_web):
 
 
 def test_direct_fetch_pdf_text_charset_and_redirect(fake_web):
+    pytest.importorskip("pypdf", reason="PDF text needs the web extra")
     backend = WebPageBackend(loopback(fake_web))
     redirect = f"{fake_web.base_url}/redirect?to=/site/oslen"
     urls = [fake_web.url("doc.pdf"), fake_web.url("notype"), fake_web.url("latin1"), redirect]
@@ -130,6 +132,12 @@ def test_direct_fetch_pdf_text_charset_and_redirect(fake_web):
         ("image.png", "image/png; access reads only"),
         ("big?bytes=300000", "limit is 200,000"),
         ("atlantis", "HTTP 404 (the page does not exist)"),
+        pytest.param(
+            "broken.pdf",
+            "the PDF could not be read",
+            marks=pytest.mark.skipif(importlib.util.find_spec("pypdf") is None, reason="needs pypdf"),
+        ),
+        ("gzip-bomb", "over the 200,000-byte limit"),
     ],
 )
 def test_direct_fetch_refusals_are_observations(fake_web, name, needle):
@@ -147,7 +155,8 @@ def test_redirect_loops_stop(fake_web):
 
 
 def test_extract_pdf_and_html_fallback():
-    got = extract(minimal_pdf("Hello from a PDF", "T"), "application/pdf", None, "x")
+    pytest.importorskip("pypdf", reason="PDF text needs the web extra")
+    got = extract_text(minimal_pdf("Hello from a PDF", "T"), "application/pdf", None, "x")
     assert got.kind == "pdf" and got.text == "Hello from a PDF" and got.title == "T"
     from asearch.web.extract import _SimpleHtmlText
 
@@ -171,3 +180,13 @@ def test_one_runtime_counts_every_provider(fake_web):
     assert stats["serper"]["calls"] == 2 and stats["direct"]["calls"] == 1
     assert stats["cost"]["serper_calls"] == 2 and stats["cost"]["serper_usd"] == pytest.approx(0.002)
     assert fake_web.hits["serper"] == 2 and fake_web.hits["site"] == 1
+
+
+def test_an_answer_in_the_wrong_shape_is_a_final_error(fake_web):
+    fake_web.fail_next("serper", 1, status=200)  # 200 with a body that has no `organic` list
+    backend = SerperBackend({"base_url": fake_web.base_url})
+    obs = asyncio.run(run_tool(SearchTool(backend), "Oslen"))
+    assert obs.text == (
+        "search failed: serper: answered without an 'organic' result list; is base_url a Serper-style API?"
+    )
+    assert fake_web.hits["serper"] == 1 and backend.runtime.costs.total_usd == 0.0

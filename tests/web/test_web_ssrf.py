@@ -53,6 +53,10 @@ def direct_cases(p: int) -> list[str]:
         f"http://0177.0.0.1:{p}/secret",
         f"http://017700000001:{p}/secret",
         f"http://127.000.000.001:{p}/secret",
+        f"http://0x7f.0x0.0x0.0x1:{p}/secret",
+        f"http://127.0.0.1.:{p}/secret",
+        f"http://127\u30020\u30020\u30021:{p}/secret",  # ideographic full stops
+        f"http://\uff11\uff12\uff17.0.0.1:{p}/secret",  # full-width digits
         f"http://[::1]:{p}/secret",
         f"http://[::ffff:127.0.0.1]:{p}/secret",
         f"http://[::ffff:7f00:1]:{p}/secret",
@@ -278,3 +282,56 @@ def test_allowed_ports_and_blocked_hosts():
 def test_policy_config_errors_show_the_bad_value():
     with pytest.raises(ValueError, match="'127.0.0.1'"):
         UrlPolicy(allow_hosts=["127.0.0.1"])
+
+
+@pytest.fixture(scope="module")
+def site_cert(tmp_path_factory):
+    """A self-signed certificate for the name `site.test` (made with the openssl command line)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command line tool")
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = d / "cert.pem", d / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=site.test",
+         "-addext", "subjectAltName=DNS:site.test"],
+        check=True, capture_output=True, timeout=30,
+    )  # fmt: skip
+    return str(cert), str(key)
+
+
+def test_tls_verifies_the_name_while_dialling_the_vetted_address(site_cert):
+    """https to a pinned address still checks the certificate against the host name (SNI too)."""
+    import ssl
+
+    from asearch.web.fakes import FakeWeb
+
+    trust = ssl.create_default_context(cafile=site_cert[0])
+
+    async def resolver(host: str, port: int) -> list[str]:
+        return ["127.0.0.1"]
+
+    def fetch(url: str):
+        fetcher = SafeFetcher(
+            FetchConfig(guard=UrlPolicy(allow_private=True)), resolver=resolver, ssl_context=trust
+        )
+
+        async def go():
+            try:
+                return await fetcher.fetch(url)
+            finally:
+                await fetcher.aclose()
+
+        return asyncio.run(go())
+
+    with FakeWeb(tls=site_cert) as web:
+        got = fetch(f"https://site.test:{web.port}/site/kettering")
+        assert got.status == 200 and b"river Vell" in got.body
+        import httpx
+
+        with pytest.raises(httpx.ConnectError, match="certificate verify failed"):
+            fetch(f"https://other.test:{web.port}/site/kettering")  # same address, wrong name
+        assert web.hits["site"] == 1

@@ -8,6 +8,7 @@ from rich.markup import escape
 from asearch import __version__
 from asearch.cli import ask, corpus, index, serve, train
 from asearch.cli import eval as eval_cli
+from asearch.cli import view as view_cli
 from asearch.cli.console import console
 from asearch.errors import AsearchError
 
@@ -24,6 +25,7 @@ app.command("serve")(serve.serve)
 app.command("ask")(ask.ask)
 app.command("train")(train.train)
 app.command("demo")(train.demo)
+app.command("view")(view_cli.view)
 app.add_typer(eval_cli.app, name="eval")
 app.add_typer(eval_cli.data_app, name="data")
 

@@ -27,7 +27,8 @@ def serve(
     overrides: OverridesArg = None,
 ) -> None:
     """Serve an index over HTTP: Search-R1/ASearcher-compatible /retrieve and /access, plus /health, /stats."""
-    from asearch.retrieval.server import ServerConfig, app_from_index, free_port, is_loopback, run_server
+    from asearch.net import free_port, is_loopback
+    from asearch.retrieval.server import ServerConfig, app_from_index, run_server
 
     base = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     cfg = load_config(ServerConfig, config, overrides or [])

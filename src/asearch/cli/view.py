@@ -30,12 +30,14 @@ def view(
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port (0 = any free port).")] = 8765,
     poll_s: Annotated[float, typer.Option(help="Seconds between the page's live updates.")] = 2.0,
-    open_browser: Annotated[bool, typer.Option("--open", help="Open the page in the default browser.")] = False,
+    open_browser: Annotated[
+        bool, typer.Option("--open", help="Open the page in the default browser.")
+    ] = False,
 ) -> None:
     """Serve a web page on 127.0.0.1 showing RUNS: training curves (live), eval tables, trajectories, synthesis."""
     import uvicorn
 
-    from asearch.retrieval.server import free_port, is_loopback
+    from asearch.net import free_port, is_loopback
     from asearch.view import ViewConfig, create_app
 
     cfg = ViewConfig(host=host, port=port, poll_s=poll_s)
@@ -53,7 +55,9 @@ def view(
         cfg = cfg.model_copy(update={"port": free_port(cfg.host)})
     problem = _bind_problem(cfg.host, cfg.port)
     if problem:
-        raise AsearchError(f"cannot listen on {cfg.host}:{cfg.port} ({problem}); pick another --port (0 = any free one)")
+        raise AsearchError(
+            f"cannot listen on {cfg.host}:{cfg.port} ({problem}); pick another --port (0 = any free one)"
+        )
     app = create_app(runs, cfg)
     catalog = app.state.catalog
 
@@ -64,7 +68,9 @@ def view(
         table.add_row(run.kind, escape(run.name), escape(str(run.path)))
     console.print(table)
     for root in catalog.empty_roots:
-        console.print(f"[yellow]no run files yet in {escape(str(root))}[/yellow] (searched again every few seconds)")
+        console.print(
+            f"[yellow]no run files yet in {escape(str(root))}[/yellow] (searched again every few seconds)"
+        )
 
     shown = cfg.host if cfg.host not in ("0.0.0.0", "::") else "<this-host>"
     url = f"http://{'[' + shown + ']' if ':' in shown else shown}:{cfg.port}/"

@@ -48,7 +48,7 @@ class DemoConfig(Config):
     train_questions: int = 3000
     heldout_questions: int = 300
     heldout_during_rl: int = Field(100, description="Held-out questions evaluated periodically during RL.")
-    topk: int = Field(3, ge=1, description="Search results per query.")
+    topk: int = Field(2, ge=1, description="Search results per query (the second is usually a distractor).")
     vocab_size: int = 2000
     hidden: int = 128
     layers: int = 4
@@ -56,7 +56,7 @@ class DemoConfig(Config):
     expert_episodes: int = 3000
     p_skip: float = Field(0.5, description="Expert stops one hop short with this probability per extra hop.")
     p_wrong: float = Field(0.25, description="Expert copies a wrong name on one-hop questions.")
-    sft: SFTConfig = Field(default_factory=lambda: SFTConfig(steps=300, batch_size=32, lr=3e-3))
+    sft: SFTConfig = Field(default_factory=lambda: SFTConfig(steps=200, batch_size=32, lr=3e-3, token_budget=4096))
     rl_seconds: float = Field(600.0, gt=0, description="RL wall-time budget.")
     rl_steps: int = 1000
     rollout: ControllerConfig = Field(
@@ -117,7 +117,7 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
     write_jsonl(data_dir / "train.jsonl", (r.to_jsonl_dict() for r in train_records))
     write_jsonl(data_dir / "heldout.jsonl", (r.to_jsonl_dict() for r in heldout_records))
     write_jsonl(data_dir / "heldout_small.jsonl", (r.to_jsonl_dict() for r in heldout_records[:: max(1, len(heldout_records) // cfg.heldout_during_rl)][: cfg.heldout_during_rl]))
-    search_cfg = {"topk": cfg.topk}
+    search_cfg = {"topk": cfg.topk, "max_doc_chars": 400}
     train_tools_cfg = ToolsConfig(corpus=train_spec, search=search_cfg, access=None)
     heldout_tools_cfg = ToolsConfig(corpus=heldout_spec, search=search_cfg, access=None)
     train_tools, _ = build_tools(train_tools_cfg, progress=False)

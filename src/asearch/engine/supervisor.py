@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -40,13 +39,6 @@ class SupervisorConfig(Config):
     restart_backoff_max_s: float = Field(30.0, ge=0, description="Cap on the restart delay.")
     stop_timeout_s: float = Field(10.0, gt=0, description="SIGTERM grace period before SIGKILL.")
     watch_poll_s: float = Field(0.2, gt=0, description="How often the watcher thread checks for a crash.")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the OS may hand it out again; good enough for tests)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class ServerSupervisor:

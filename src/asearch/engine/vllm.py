@@ -29,9 +29,10 @@ from asearch.engine.http import (
     check_weights_dir,
     ties_embeddings,
 )
-from asearch.engine.supervisor import ServerSupervisor, SupervisorConfig, free_port
+from asearch.engine.supervisor import ServerSupervisor, SupervisorConfig
 from asearch.engine.types import GenerateRequest, WeightSource
 from asearch.errors import RemoteError
+from asearch.net import free_port
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import math
-import socket
 import threading
 import time
 from collections import deque
@@ -582,23 +580,6 @@ def app_from_index(
     return create_app(retriever, index.pages, cfg=cfg, info=info), info
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on `host` a moment ago (another process could still take it)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def run_server(app: FastAPI, cfg: ServerConfig) -> None:
     """Serve `app` with uvicorn on cfg.host:cfg.port until interrupted."""
     import uvicorn
@@ -640,8 +621,6 @@ __all__ = [
     "app_from_index",
     "batch_bucket",
     "create_app",
-    "free_port",
-    "is_loopback",
     "run_server",
     "serve_in_thread",
     "summarize_manifest",

@@ -117,7 +117,9 @@ def read_line_at(path: Path, offset: int, length: int) -> dict[str, Any]:
     try:
         obj = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DataFormatError(path, None, None, f"line at byte {offset} changed since it was indexed ({e})") from None
+        raise DataFormatError(
+            path, None, None, f"line at byte {offset} changed since it was indexed ({e})"
+        ) from None
     if not isinstance(obj, dict):
         raise DataFormatError(path, None, None, f"line at byte {offset} is not a JSON object")
     return obj

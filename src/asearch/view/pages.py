@@ -33,7 +33,9 @@ def _q(**params: Any) -> str:
 def safe_link(url: Any, text: Any = None) -> str:
     """A link for http(s) urls only (a `javascript:` url in model output must never become an href)."""
     if isinstance(url, str) and url.lower().startswith(("http://", "https://")):
-        return f'<a href="{esc(url)}" rel="noopener noreferrer nofollow" target="_blank">{esc(text or url)}</a>'
+        return (
+            f'<a href="{esc(url)}" rel="noopener noreferrer nofollow" target="_blank">{esc(text or url)}</a>'
+        )
     return esc(text or url)
 
 
@@ -55,12 +57,20 @@ CHARTS: tuple[Chart, ...] = (
     Chart("Staleness", ("rollout/staleness_mean", "rollout/staleness_max"), "policy versions behind"),
     Chart("Rejected groups", ("rollout/rejected/",), "running total, by cause"),
     Chart("Throughput", ("perf/trajectories_per_s",), "trajectories per second"),
-    Chart("Step time", ("perf/step_s", "perf/rollout_wait_s", "perf/train_s", "perf/weight_sync_s"), "seconds"),
+    Chart(
+        "Step time", ("perf/step_s", "perf/rollout_wait_s", "perf/train_s", "perf/weight_sync_s"), "seconds"
+    ),
     Chart("Loss", ("loss/policy", "loss/approx_kl", "loss/clip_frac")),
     Chart("Errors per step", ("rollout/parse_errors", "rollout/tool_errors", "rollout/no_answer_rate")),
 )
 
-_KIND_LABEL = {"train": "train", "eval": "eval", "demo": "demo", "trajectories": "trajectories", "synth": "synth"}
+_KIND_LABEL = {
+    "train": "train",
+    "eval": "eval",
+    "demo": "demo",
+    "trajectories": "trajectories",
+    "synth": "synth",
+}
 
 
 # --------------------------------------------------------------------------- layout
@@ -134,9 +144,10 @@ def _status_cell(info: Mapping[str, Any]) -> str:
     if info["bad_lines"]:
         tip = "\n".join(info["problems"])
         bad = f' <span class="badge warn" title="{esc(tip)}">{info["bad_lines"]} bad lines skipped</span>'
+    state = info["state"]
     return (
-        f'<span class="state state-{esc(info["state"])}">{esc(info["state"])}</span> '
-        f'<span class="muted">updated {esc(_age(info["updated_s_ago"]))}</span><br>'
+        (f'<span class="state state-{esc(state)}">{esc(state)}</span> ' if state else "")
+        + f'<span class="muted">updated {esc(_age(info["updated_s_ago"]))}</span><br>'
         f'<span class="muted">{esc(counts)}</span>{bad}'
     )
 
@@ -154,7 +165,7 @@ def overview(
     metric: str,
     estimate: str,
 ) -> str:
-    parts = ['<h1>Runs</h1>', _runs_table(infos, details)]
+    parts = ["<h1>Runs</h1>", _runs_table(infos, details)]
     if empty_roots:
         parts.append(
             '<p class="notice">No run files yet in '
@@ -215,8 +226,7 @@ def run_details(run: Any) -> str:
     """The collapsible extras of one run row: summary, plot, report, checkpoints, config."""
     kind = run.kind
     out = []
-    summary = getattr(run, "summary", None)
-    value = summary.get() if summary is not None and hasattr(summary, "get") and kind != "eval" else None
+    value = run.summary.get() if kind in ("train", "demo") else None  # eval summaries have their own tables
     if isinstance(value, dict) and value:
         out.append("<h4>summary.json</h4>" + _kv_table(value))
     for name in run.images():
@@ -225,6 +235,8 @@ def run_details(run: Any) -> str:
         report = run.report.get()
         if report:
             out.append(f'<h4>report.md</h4><pre class="report">{esc(report)}</pre>')
+    if kind == "eval" and isinstance(run.config.get(), dict):
+        out.append("<h4>config.json</h4>" + _kv_table(run.config.get()))
     if kind == "train":
         ckpts = run.checkpoints()
         if ckpts:
@@ -296,7 +308,9 @@ def _eval_section(
     detail_rows = []
     for info, summary, _source in evals:
         if not summary:
-            detail_rows.append(f"<tr><th>{esc(info['name'])}</th><td colspan=14 class=muted>no summary yet</td></tr>")
+            detail_rows.append(
+                f"<tr><th>{esc(info['name'])}</th><td colspan=14 class=muted>no summary yet</td></tr>"
+            )
             continue
         k = summary.get("k", "?")
         for name, g in _groups(summary):
@@ -308,9 +322,11 @@ def _eval_section(
             href = f"/trajectories?{_q(run=info['id'], dataset='' if name == 'all' else name)}"
             no_answer = st.get("no_answer_rate")
             detail_rows.append(
-                f"<tr><th>{esc(info['name'])}</th><td><a href=\"{esc(href)}\">{esc(name)}</a></td>"
+                f'<tr><th>{esc(info["name"])}</th><td><a href="{esc(href)}">{esc(name)}</a></td>'
                 f"<td>{esc(n)}</td><td>{esc(k)}</td>"
-                + "".join(f"<td>{_pct(_estimate(g, m, e))}</td>" for m in ("em", "f1", "cem") for e, _ in _ESTIMATES)
+                + "".join(
+                    f"<td>{_pct(_estimate(g, m, e))}</td>" for m in ("em", "f1", "cem") for e, _ in _ESTIMATES
+                )
                 + f"<td>{_pct(j.get('accuracy'))}</td><td>{esc(j.get('failures', '–'))}</td>"
                 f"<td>{esc(_num(st.get('turns')))}</td><td>{esc(_num(st.get('searches')))}</td>"
                 f"<td>{esc(_num(st.get('generated_tokens'), 0))}</td>"
@@ -360,6 +376,11 @@ def _outcome_badge(outcome: str, score: float | None) -> str:
     return f'<span class="badge {esc(outcome)}"{tip}>{esc(label)}</span>'
 
 
+def nothing(title: str, message: str) -> str:
+    """A page whose runs have nothing of its kind."""
+    return f'<h1>{esc(title)}</h1><p class="notice">{esc(message)}</p>'
+
+
 def trajectories_page(
     *,
     runs: Sequence[tuple[str, str]],
@@ -374,17 +395,17 @@ def trajectories_page(
     detail: str,
     open_index: int | None,
 ) -> str:
-    if not runs:
-        return '<h1>Trajectories</h1><p class="notice">None of the runs has trajectories.</p>'
     run_opts = "".join(
-        f'<option value="{esc(rid)}"{" selected" if rid == run_id else ""}>{esc(name)}</option>' for rid, name in runs
+        f'<option value="{esc(rid)}"{" selected" if rid == run_id else ""}>{esc(name)}</option>'
+        for rid, name in runs
     )
     outcome_opts = "".join(
         f'<option value="{v}"{" selected" if v == filters.outcome else ""}>{label}</option>'
         for v, label in (("", "any"), ("correct", "correct"), ("wrong", "wrong"), ("unscored", "unscored"))
     )
     ds_opts = '<option value="">any</option>' + "".join(
-        f'<option value="{esc(d)}"{" selected" if d == filters.dataset else ""}>{esc(d)}</option>' for d in datasets
+        f'<option value="{esc(d)}"{" selected" if d == filters.dataset else ""}>{esc(d)}</option>'
+        for d in datasets
     )
     form = (
         '<form class="filters" method="get" action="/trajectories">'
@@ -465,13 +486,27 @@ def trajectory_detail(run_id: str, index: int, record: Mapping[str, Any]) -> str
         facts.append(("gold", " | ".join(esc(g) for g in golds)))
     facts.append(("outcome", _outcome_badge(outcome, score)))
     if result:
-        facts.append(("scores", esc(" ".join(f"{m.upper()} {_fmt(result.get(m))}" for m in ("em", "f1", "cem")))))
+        facts.append(
+            ("scores", esc(" ".join(f"{m.upper()} {_fmt(result.get(m))}" for m in ("em", "f1", "cem"))))
+        )
         judge = result.get("judge")
         if isinstance(judge, Mapping):
-            verdict = {True: "correct", False: "incorrect"}.get(judge.get("correct"), f"failed: {judge.get('error')}")
-            facts.append(("judge", f"{esc(verdict)} <span class=muted>{esc(_clip(judge.get('rationale'), 300))}</span>"))
+            verdict = {True: "correct", False: "incorrect"}.get(
+                judge.get("correct"), f"failed: {judge.get('error')}"
+            )
+            facts.append(
+                (
+                    "judge",
+                    f"{esc(verdict)} <span class=muted>{esc(_clip(judge.get('rationale'), 300))}</span>",
+                )
+            )
         if result.get("dataset"):
-            facts.append(("dataset", esc(f"{result['dataset']} · pass {result.get('pass')} · seed {result.get('seed')}")))
+            facts.append(
+                (
+                    "dataset",
+                    esc(f"{result['dataset']} · pass {result.get('pass')} · seed {result.get('seed')}"),
+                )
+            )
     elif isinstance(traj.get("metadata"), Mapping) and traj["metadata"].get("dataset"):
         facts.append(("dataset", esc(traj["metadata"]["dataset"])))
     for key in ("step", "group"):
@@ -521,15 +556,18 @@ def _turn(n: int, t: Mapping[str, Any]) -> str:
     v = t.get("versions")
     if isinstance(v, list | tuple) and len(v) == 2 and isinstance(v[0], int) and v[0] >= 0:
         head.append(f"policy v{v[0]}" + (f"–v{v[1]}" if v[1] != v[0] else ""))
-    lat = [f"{t[k]:.2f}s {label}" for k, label in (("llm_latency_s", "LLM"), ("tool_latency_s", "tool"))
-           if isinstance(t.get(k), int | float) and t[k]]  # fmt: skip
-    head += lat
+    for key, label in (("llm_latency_s", "LLM"), ("tool_latency_s", "tool")):
+        if isinstance(t.get(key), int | float) and t[key]:
+            head.append(f"{t[key]:.2f}s {label}")
     if t.get("stop_reason") not in (None, "stop"):
         head.append(f"stopped: {t['stop_reason']}")
     label = "read" if kind == "read" else str(action or "no action")
     body = []
     if kind == "read":
-        body.append(f'<section class="summary"><h4>The model\'s summary</h4><pre>{esc(out)}</pre></section>')
+        summary = out.removesuffix("</summary>").strip()  # the loop stops the reading turn at its closing tag
+        body.append(
+            f'<section class="summary"><h4>The model\'s summary</h4><pre>{esc(summary)}</pre></section>'
+        )
     else:
         reasoning = think_text(out)
         if reasoning:
@@ -546,13 +584,13 @@ def _turn(n: int, t: Mapping[str, Any]) -> str:
         body.append(f'<p class="error">tool error: {esc(t["tool_error"])}</p>')
     obs = t.get("observation")
     if obs:
-        label = "Result" if action in ("search", "access") and not t.get("parse_error") else "Observation"
-        body.append(f'<section class="observation"><h4>{label}</h4><pre>{esc(obs)}</pre></section>')
+        heading = "Result" if action in ("search", "access") and not t.get("parse_error") else "Observation"
+        body.append(f'<section class="observation"><h4>{heading}</h4><pre>{esc(obs)}</pre></section>')
     body.append(f"<details class=raw><summary>raw output</summary><pre>{esc(out)}</pre></details>")
     return (
         f'<li class="turn turn-{kind}" data-turn="{n}" data-label="{esc(label)}"><div class="turn-head">'
         + " · ".join(f"<span>{esc(h)}</span>" for h in head)
-        + f'</div>{"".join(body)}</li>'
+        + f"</div>{''.join(body)}</li>"
     )
 
 
@@ -625,7 +663,9 @@ def _edit_history(steps: Any, first_question: str | None) -> str:
         else:
             question = '<span class="muted">(unchanged)</span>'
         rest = {k: v for k, v in step.items() if k not in (ka, kb, kq, kc)}
-        acc_text = _fmt(float(acc)) if isinstance(acc, int | float) and not isinstance(acc, bool) else esc(acc)
+        acc_text = (
+            _fmt(float(acc)) if isinstance(acc, int | float) and not isinstance(acc, bool) else esc(acc)
+        )
         rows.append(
             f"<tr><td>{i}</td><td><b>{esc(action)}</b></td><td>{question}</td><td>{esc(acc_text)}</td>"
             f"<td>{_kv_table(rest) if rest else ''}</td></tr>"
@@ -653,7 +693,13 @@ def synth_card(number: int, rec: Mapping[str, Any], question: str, answer: str) 
     first_q = None
     if history and isinstance(history[0], Mapping):
         _, first_q = _first(history[0], _BEFORE_KEYS)
-    accs = [a for s in history if isinstance(s, Mapping) for _, a in [_first(s, _ACC_KEYS)] if isinstance(a, int | float)]
+    accs = [
+        a
+        for s in history
+        if isinstance(s, Mapping)
+        for _, a in [_first(s, _ACC_KEYS)]
+        if isinstance(a, int | float)
+    ]
     if accs:
         badges.append(f'<span class="badge">direct-answer acc. {_fmt(float(accs[-1]))}</span>')
     rest = {k: v for k, v in rec.items() if k not in _SHOWN_SYNTH}
@@ -686,10 +732,9 @@ def synth_page(
     only_verified: bool,
     summary: Any,
 ) -> str:
-    if not runs:
-        return '<h1>Synthesis</h1><p class="notice">None of the runs is synthesis output.</p>'
     run_opts = "".join(
-        f'<option value="{esc(rid)}"{" selected" if rid == run_id else ""}>{esc(name)}</option>' for rid, name in runs
+        f'<option value="{esc(rid)}"{" selected" if rid == run_id else ""}>{esc(name)}</option>'
+        for rid, name in runs
     )
     form = (
         '<form class="filters" method="get" action="/synth">'
@@ -707,7 +752,11 @@ def synth_page(
     if page + 1 < pages:
         nav.append(f'<a href="/synth?{esc(_q(**base, page=page + 1))}">next →</a>')
     head = f'<p class="muted">{matched} of {total} questions shown ({verified} verified unique)</p>'
-    summ = f"<details><summary>summary.json</summary>{_kv_table(summary)}</details>" if isinstance(summary, dict) else ""
+    summ = (
+        f"<details><summary>summary.json</summary>{_kv_table(summary)}</details>"
+        if isinstance(summary, dict)
+        else ""
+    )
     return (
         f"<h1>Synthesis</h1>{form}{head}{summ}"
         f'<div class="synth">{"".join(cards) or "<p class=muted>nothing matches</p>"}</div>'

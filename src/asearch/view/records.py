@@ -13,7 +13,16 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["Outcome", "TrajectoryRow", "matches", "outcome_of", "row_of", "split_record", "think_text"]
+__all__ = [
+    "OUTCOMES",
+    "Outcome",
+    "TrajectoryRow",
+    "matches",
+    "outcome_of",
+    "row_of",
+    "split_record",
+    "think_text",
+]
 
 Outcome = Literal["correct", "wrong", "unscored"]
 OUTCOMES: tuple[Outcome, ...] = ("correct", "wrong", "unscored")
@@ -36,9 +45,6 @@ class TrajectoryRow:
     reward: float | None
     finish: str | None
     pass_index: int | None  # eval pass
-    offset: int | None = None  # where the line starts in its file (None: kept in memory)
-    length: int = 0
-    source: int = 0  # which file of the run
 
     def to_json(self) -> dict[str, Any]:
         return {

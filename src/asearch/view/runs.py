@@ -20,13 +20,23 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from asearch.errors import AsearchError, DataFormatError
 from asearch.view.follow import JsonlFollower, read_line_at
 from asearch.view.records import TrajectoryRow, row_of, split_record
 
-__all__ = ["Catalog", "DemoRun", "EvalRun", "Run", "RunKind", "SynthRun", "TrainRun", "TrajectoryRun", "detect"]
+__all__ = [
+    "Catalog",
+    "DemoRun",
+    "EvalRun",
+    "Run",
+    "RunKind",
+    "SynthRun",
+    "TrainRun",
+    "TrajectoryRun",
+    "detect",
+]
 
 RunKind = Literal["train", "eval", "demo", "trajectories", "synth"]
 
@@ -74,14 +84,18 @@ class _CachedJson:
         return _mtime(self.path)
 
 
-R = TypeVar("R")
+class _Indexed(Protocol):
+    index: int  # the row's position in its run's list, kept up to date by LineIndex
+
+
+R = TypeVar("R", bound=_Indexed)
 
 
 @dataclass(slots=True)
 class _Entry(Generic[R]):
     row: R
-    source: int
-    offset: int | None
+    source: int  # which of the index's files
+    offset: int  # where the line starts
     length: int
 
 
@@ -126,9 +140,8 @@ class LineIndex(Generic[R]):
                 n += 1
         return n
 
-    def _append(self, source: int, offset: int | None, length: int, row: R) -> None:
-        if hasattr(row, "index"):
-            row.index = len(self.entries)  # type: ignore[attr-defined]
+    def _append(self, source: int, offset: int, length: int, row: R) -> None:
+        row.index = len(self.entries)
         self.entries.append(_Entry(row, source, offset, length))
 
     @property
@@ -140,7 +153,6 @@ class LineIndex(Generic[R]):
 
     def read(self, i: int) -> dict[str, Any]:
         e = self.entries[i]
-        assert e.offset is not None
         return read_line_at(self.paths[e.source], e.offset, e.length)
 
     @property
@@ -164,6 +176,7 @@ class Run:
     """A run the viewer shows. Subclasses read their own files; `refresh()` picks up what was appended."""
 
     kind: RunKind
+    has_lifecycle = True  # whether the run is made by a process that ends (state: running / finished / idle)
 
     def __init__(self, run_id: str, path: Path, name: str):
         self.id, self.path, self.name = run_id, path, name
@@ -207,7 +220,10 @@ class Run:
     def info(self, live_window_s: float) -> dict[str, Any]:
         mtime = self.data_mtime()
         age = None if mtime is None else max(0.0, time.time() - mtime)
-        if self.finished():
+        state: str | None
+        if not self.has_lifecycle:
+            state = None  # a file of trajectories or questions: no process whose end could be seen
+        elif self.finished():
             state = "finished"
         elif age is not None and age < live_window_s:
             state = "running"
@@ -298,7 +314,18 @@ def _natural(s: str) -> list[Any]:
 class EvalRun(Run):
     kind: RunKind = "eval"
     # result-line fields the summary needs (the trajectory, the bulk, is read only when opened)
-    _SCORE_FIELDS = ("id", "dataset", "pass", "em", "f1", "cem", "judge", "num_turns", "counters", "prediction")
+    _SCORE_FIELDS = (
+        "id",
+        "dataset",
+        "pass",
+        "em",
+        "f1",
+        "cem",
+        "judge",
+        "num_turns",
+        "counters",
+        "prediction",
+    )
     _SCORE_FIELDS += ("finish", "wall_s")
 
     def __init__(self, run_id: str, path: Path, name: str):
@@ -361,6 +388,7 @@ class TrajectoryRun(Run):
     """Trajectories on their own: `asearch ask --json` output (.json or .jsonl) or a trajectories.jsonl dir."""
 
     kind: RunKind = "trajectories"
+    has_lifecycle = False
 
     def __init__(self, run_id: str, path: Path, name: str):
         super().__init__(run_id, path, name)
@@ -370,7 +398,7 @@ class TrajectoryRun(Run):
         self.problem: str | None = None
         if path.is_dir():
             self.trajectories = _trajectory_index([path / "trajectories.jsonl"])
-        elif path.suffix == ".jsonl":
+        elif json_lines(path):
             self.trajectories = _trajectory_index([path])
         else:  # one JSON document: a trajectory dict or a list of them, read whole when it changes
             self._whole = _CachedJson(path)
@@ -386,7 +414,9 @@ class TrajectoryRun(Run):
         self._records = [x for x in items if isinstance(x, dict)]
         self.problem = self._whole.problem
         if value is not None and len(self._records) != len(items):
-            self.problem = f"{self.path}: {len(items) - len(self._records)} entries are not JSON objects (skipped)"
+            self.problem = (
+                f"{self.path}: {len(items) - len(self._records)} entries are not JSON objects (skipped)"
+            )
         self._rows = [row_of(i, r) for i, r in enumerate(self._records)]
 
     def trajectory_rows(self) -> list[TrajectoryRow]:
@@ -447,6 +477,7 @@ def _synth_row(i: int, rec: dict[str, Any]) -> SynthRow:
 
 class SynthRun(Run):
     kind: RunKind = "synth"
+    has_lifecycle = False  # until the synth producer marks its end (e.g. a summary.json)
 
     def __init__(self, run_id: str, path: Path, name: str, files: list[Path]):
         super().__init__(run_id, path, name)
@@ -493,23 +524,42 @@ class DemoRun(Run):
 # --------------------------------------------------------------------------- discovery
 
 
+def _first_line_record(path: Path) -> dict[str, Any] | None:
+    with open(path, "rb") as f:
+        for raw in f:
+            if raw.strip():
+                obj = json.loads(raw)
+                return obj if isinstance(obj, dict) else None
+    return None
+
+
+def json_lines(path: Path) -> bool:
+    """Whether `path` holds one JSON object per line: a .jsonl, or a .json that `asearch ask --json`
+    was appended to several times (the whole does not parse, its first line does)."""
+    if path.suffix == ".jsonl":
+        return True
+    try:
+        json.loads(path.read_bytes())
+        return False
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        try:
+            return _first_line_record(path) is not None
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            return False
+
+
 def _first_record(path: Path) -> dict[str, Any] | None:
     """The first JSON object of a .jsonl (first line) or .json file; None when it has none (yet)."""
     try:
-        if path.suffix == ".jsonl":
-            with open(path, "rb") as f:
-                for raw in f:
-                    if raw.strip():
-                        obj = json.loads(raw)
-                        return obj if isinstance(obj, dict) else None
+        if path.suffix == ".json" and path.stat().st_size > 64 << 20:  # a huge .json is no trajectory file
             return None
-        if path.stat().st_size > 64 << 20:  # a huge .json is not a trajectory file
-            return None
+        if json_lines(path):
+            return _first_line_record(path)
         obj = json.loads(path.read_text(encoding="utf-8", errors="replace"))
         if isinstance(obj, list) and obj and isinstance(obj[0], dict):
             return obj[0]
         return obj if isinstance(obj, dict) else None
-    except (OSError, json.JSONDecodeError):
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
         return None
 
 

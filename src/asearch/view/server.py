@@ -1,15 +1,15 @@
 """The viewer's web app: HTML pages plus the JSON endpoints the page polls for live updates.
 
-    GET /                       runs, training curves, evaluation tables (?metric=f1&estimate=pass_at_k)
-    GET /trajectories           browser: ?run=&outcome=correct|wrong|unscored&dataset=&min_turns=&max_turns=&q=&page=&open=
-    GET /synth                  synthesised questions: ?run=&q=&verified=1&page=
-    GET /fragment/trajectory    one trajectory as HTML (?run=&i=&id=), what a click in the browser loads
-    GET /api/runs               every run: kind, state (running | finished | idle), counts, skipped bad lines
-    GET /api/metrics            ?run=&cursor=N&generation=G: metric rows after the N the client has
-    GET /api/trajectories       ?run= + the browser's filters + offset/limit: list rows as JSON
-    GET /api/trajectory         ?run=&i=: one record as JSON (?segments=1 keeps the token ids)
-    GET /api/eval               every eval run's summary (summary.json, or computed live from results.jsonl)
-    GET /api/synth              ?run=&offset=&limit=: synthesised question records
+GET /                       runs, training curves, evaluation tables (?metric=f1&estimate=pass_at_k)
+GET /trajectories           browser: ?run=&outcome=correct|wrong|unscored&dataset=&min_turns=&max_turns=&q=&page=&open=
+GET /synth                  synthesised questions: ?run=&q=&verified=1&page=
+GET /fragment/trajectory    one trajectory as HTML (?run=&i=&id=), what a click in the browser loads
+GET /api/runs               every run: kind, state (running | finished | idle), counts, skipped bad lines
+GET /api/metrics            ?run=&cursor=N&generation=G: metric rows after the N the client has
+GET /api/trajectories       ?run= + the browser's filters + offset/limit: list rows as JSON
+GET /api/trajectory         ?run=&i=: one record as JSON (?segments=1 keeps the token ids)
+GET /api/eval               every eval run's summary (summary.json, or computed live from results.jsonl)
+GET /api/synth              ?run=&offset=&limit=: synthesised question records
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pydantic import Field, field_validator
 
 from asearch.config import Config
 from asearch.errors import DataFormatError
-from asearch.retrieval.server import is_loopback
+from asearch.net import is_loopback
 from asearch.view import pages
 from asearch.view.records import OUTCOMES, TrajectoryRow, matches
 from asearch.view.runs import Catalog, EvalRun, Run, SynthRun, TrainRun, synth_question
@@ -43,12 +43,18 @@ _CSP = (
 class ViewConfig(Config):
     """`asearch view` settings."""
 
-    host: str = Field("127.0.0.1", description="Bind address; anything but loopback exposes the runs to the network.")
+    host: str = Field(
+        "127.0.0.1", description="Bind address; anything but loopback exposes the runs to the network."
+    )
     port: int = Field(8765, ge=0, le=65535, description="TCP port (0: any free port).")
-    poll_s: float = Field(2.0, gt=0, description="How often the page asks for new metric rows and run states.")
+    poll_s: float = Field(
+        2.0, gt=0, description="How often the page asks for new metric rows and run states."
+    )
     page_size: int = Field(50, ge=1, le=1000, description="Trajectories or questions per page.")
     live_window_s: float = Field(
-        120.0, gt=0, description="A run whose files changed this recently (and has no final summary) is 'running'."
+        120.0,
+        gt=0,
+        description="A run whose files changed this recently (and has no final summary) is 'running'.",
     )
 
     @field_validator("host")
@@ -114,11 +120,16 @@ def create_app(paths: Sequence[str | Path], cfg: ViewConfig | None = None) -> Fa
     @app.get("/", response_class=HTMLResponse)
     def overview(metric: str = "em", estimate: str = "avg_at_k") -> HTMLResponse:
         if metric not in ("em", "f1", "cem", "judge") or estimate not in ("avg_at_k", "pass_at_k"):
-            raise HTTPException(400, f"metric must be em|f1|cem|judge and estimate avg_at_k|pass_at_k, got {metric!r}, {estimate!r}")
+            raise HTTPException(
+                400,
+                f"metric must be em|f1|cem|judge and estimate avg_at_k|pass_at_k, got {metric!r}, {estimate!r}",
+            )
         with catalog.lock:
             runs = catalog.all()
             infos = [r.info(cfg.live_window_s) for r in runs]
-            evals = [(info, *r.summary()) for info, r in zip(infos, runs, strict=True) if isinstance(r, EvalRun)]
+            evals = [
+                (info, *r.summary()) for info, r in zip(infos, runs, strict=True) if isinstance(r, EvalRun)
+            ]
             body = pages.overview(
                 infos,
                 train=[i for i in infos if i["kind"] == "train"],
@@ -135,8 +146,9 @@ def create_app(paths: Sequence[str | Path], cfg: ViewConfig | None = None) -> Fa
             raise HTTPException(400, f"outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}")
         f = pages.TrajectoryFilters(outcome, dataset, _int(min_turns), _int(max_turns), q.strip())
         rows = run.trajectory_rows()
-        kept = [r for r in reversed(rows) if matches(r, outcome=f.outcome, dataset=f.dataset,
-                                                     min_turns=f.min_turns, max_turns=f.max_turns, text=f.text)]  # fmt: skip
+        criteria = {"outcome": f.outcome, "dataset": f.dataset, "text": f.text}
+        criteria |= {"min_turns": f.min_turns, "max_turns": f.max_turns}
+        kept = [r for r in reversed(rows) if matches(r, **criteria)]  # newest first
         return f, rows, kept
 
     @app.get("/trajectories", response_class=HTMLResponse)
@@ -154,12 +166,16 @@ def create_app(paths: Sequence[str | Path], cfg: ViewConfig | None = None) -> Fa
         with catalog.lock:
             catalog.refresh()
             order = {"train": 0, "eval": 1, "trajectories": 2}  # the first is shown when no ?run= is given
-            browsable = sorted((r for r in catalog.runs.values() if r.browsable), key=lambda r: order.get(r.kind, 3))
+            browsable = sorted(
+                (r for r in catalog.runs.values() if r.browsable), key=lambda r: order.get(r.kind, 3)
+            )
             choices = [(r.id, f"{r.name} ({r.kind})") for r in browsable]
             if not browsable:
-                return html_page("Trajectories", pages.trajectories_page(
-                    runs=[], run_id=None, rows=[], matched=0, total=0, page=0, page_size=cfg.page_size, datasets=[],
-                    filters=pages.TrajectoryFilters(), detail="", open_index=None))  # fmt: skip
+                return html_page(
+                    "Trajectories",
+                    pages.nothing("Trajectories", "None of the runs has trajectories."),
+                    "trajectories",
+                )
             the_run = get_run(run or browsable[0].id)
             if not the_run.browsable:
                 raise HTTPException(400, f"run {the_run.id!r} ({the_run.kind}) has no trajectories")
@@ -213,15 +229,19 @@ def create_app(paths: Sequence[str | Path], cfg: ViewConfig | None = None) -> Fa
             catalog.refresh()
             runs = [r for r in catalog.runs.values() if isinstance(r, SynthRun)]
             if not runs:
-                body = pages.synth_page(runs=[], run_id=None, cards=[], matched=0, total=0, verified=0, page=0,
-                                        page_size=cfg.page_size, text="", only_verified=False, summary=None)  # fmt: skip
-                return html_page("Synthesis", body, "synth")
+                return html_page(
+                    "Synthesis", pages.nothing("Synthesis", "None of the runs is synthesis output."), "synth"
+                )
             the_run = get_run(run or runs[0].id, "synth")
             assert isinstance(the_run, SynthRun)
             rows = the_run.questions.rows
             needle = q.strip().casefold()
-            kept = [r for r in rows if (not verified or r.verified)
-                    and (not needle or needle in f"{r.question}\n{r.answer}".casefold())]  # fmt: skip
+            kept = [
+                r
+                for r in rows
+                if (not verified or r.verified)
+                and (not needle or needle in f"{r.question}\n{r.answer}".casefold())
+            ]
             pages_n = max(1, math.ceil(len(kept) / cfg.page_size))
             page = min(max(page, 0), pages_n - 1)
             cards = []
@@ -256,7 +276,9 @@ def create_app(paths: Sequence[str | Path], cfg: ViewConfig | None = None) -> Fa
         if name not in _STATIC_FILES:
             raise HTTPException(404, f"no static file {name!r}")
         return Response(
-            (STATIC / name).read_bytes(), media_type=_STATIC_FILES[name], headers={"Cache-Control": "no-cache"}
+            (STATIC / name).read_bytes(),
+            media_type=_STATIC_FILES[name],
+            headers={"Cache-Control": "no-cache"},
         )
 
     @app.get("/file/{run_id}/{name}")
@@ -356,4 +378,3 @@ def _without_token_ids(record: dict[str, Any]) -> dict[str, Any]:
     if isinstance(record.get("trajectory"), dict):
         return {**record, "trajectory": strip(record["trajectory"])}
     return strip(record)
-

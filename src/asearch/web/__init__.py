@@ -2,26 +2,75 @@
 Jina-style reader and guarded direct fetches, with a persistent cache, cost accounting and an SSRF guard.
 
     tools = build_web_tools(WebConfig(...)).tools   # {"search": SearchTool, "access": AccessTool}
+
+Names are imported on first use, so `import asearch.web.cache` (or a subprocess that needs only the
+cache) does not pay for the tool stack.
 """
 
-from asearch.web.cache import CacheConfig, CacheMiss, WebCache, normalize_query, normalize_url_key
-from asearch.web.cost import BudgetExceeded, CostConfig, CostMeter
-from asearch.web.extract import ExtractedText, extract
-from asearch.web.fetch import FetchConfig, FetchedBody, FetchRefused, PageGone, SafeFetcher
-from asearch.web.jina import JinaConfig, JinaReaderBackend
-from asearch.web.resilience import (
-    CircuitBreaker,
-    CircuitOpen,
-    RateLimiter,
-    Resilience,
-    ResilienceConfig,
-    TransientError,
-)
-from asearch.web.runtime import WebRuntime
-from asearch.web.searxng import SearxngBackend, SearxngConfig
-from asearch.web.serper import SerperBackend, SerperConfig
-from asearch.web.ssrf import GuardedTransport, SsrfBlocked, UrlPolicy, address_problem, check_url
-from asearch.web.tools import WebConfig, WebPageBackend, WebTools, build_web_tools
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from asearch.web.cache import CacheConfig, CacheMiss, WebCache, normalize_query, normalize_url_key
+    from asearch.web.cost import BudgetExceeded, CostConfig, CostMeter
+    from asearch.web.extract import ExtractedText, extract_text
+    from asearch.web.fetch import FetchConfig, FetchedBody, FetchRefused, PageGone, SafeFetcher
+    from asearch.web.jina import JinaConfig, JinaReaderBackend
+    from asearch.web.resilience import (
+        CircuitBreaker,
+        CircuitOpen,
+        RateLimiter,
+        Resilience,
+        ResilienceConfig,
+        TransientError,
+    )
+    from asearch.web.runtime import WebRuntime
+    from asearch.web.searxng import SearxngBackend, SearxngConfig
+    from asearch.web.serper import SerperBackend, SerperConfig
+    from asearch.web.ssrf import GuardedTransport, SsrfBlocked, UrlPolicy, address_problem, check_url
+    from asearch.web.tools import WebConfig, WebPageBackend, WebTools, build_web_tools
+
+_WHERE: dict[str, str] = {
+    "address_problem": "asearch.web.ssrf",
+    "BudgetExceeded": "asearch.web.cost",
+    "build_web_tools": "asearch.web.tools",
+    "CacheConfig": "asearch.web.cache",
+    "CacheMiss": "asearch.web.cache",
+    "check_url": "asearch.web.ssrf",
+    "CircuitBreaker": "asearch.web.resilience",
+    "CircuitOpen": "asearch.web.resilience",
+    "CostConfig": "asearch.web.cost",
+    "CostMeter": "asearch.web.cost",
+    "extract_text": "asearch.web.extract",
+    "ExtractedText": "asearch.web.extract",
+    "FetchConfig": "asearch.web.fetch",
+    "FetchedBody": "asearch.web.fetch",
+    "FetchRefused": "asearch.web.fetch",
+    "GuardedTransport": "asearch.web.ssrf",
+    "JinaConfig": "asearch.web.jina",
+    "JinaReaderBackend": "asearch.web.jina",
+    "normalize_query": "asearch.web.cache",
+    "normalize_url_key": "asearch.web.cache",
+    "PageGone": "asearch.web.fetch",
+    "RateLimiter": "asearch.web.resilience",
+    "Resilience": "asearch.web.resilience",
+    "ResilienceConfig": "asearch.web.resilience",
+    "SafeFetcher": "asearch.web.fetch",
+    "SearxngBackend": "asearch.web.searxng",
+    "SearxngConfig": "asearch.web.searxng",
+    "SerperBackend": "asearch.web.serper",
+    "SerperConfig": "asearch.web.serper",
+    "SsrfBlocked": "asearch.web.ssrf",
+    "TransientError": "asearch.web.resilience",
+    "UrlPolicy": "asearch.web.ssrf",
+    "WebCache": "asearch.web.cache",
+    "WebConfig": "asearch.web.tools",
+    "WebPageBackend": "asearch.web.tools",
+    "WebRuntime": "asearch.web.runtime",
+    "WebTools": "asearch.web.tools",
+}
 
 __all__ = [
     "BudgetExceeded",
@@ -58,7 +107,20 @@ __all__ = [
     "address_problem",
     "build_web_tools",
     "check_url",
-    "extract",
+    "extract_text",
     "normalize_query",
     "normalize_url_key",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'asearch.web' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

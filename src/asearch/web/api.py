@@ -51,7 +51,7 @@ class ApiResponse:
             return json.loads(self.body)
         except ValueError:
             start = self.body[:80].decode("utf-8", "replace")
-            raise RemoteError(f"{self.provider} answered something that is not JSON: {start!r}") from None
+            raise RemoteError(f"answered something that is not JSON: {start!r}") from None
 
 
 class BodyTooLarge(RemoteError):
@@ -82,19 +82,16 @@ def retry_after_s(headers: httpx.Headers) -> float | None:
         return None  # an HTTP date: rare for APIs; fall back to our own backoff
 
 
-def status_error(
-    provider: str, status: int, headers: httpx.Headers, body: bytes, *, key_env: str | None
-) -> RemoteError:
-    """The error for a non-2xx answer: TransientError (retried) for 408/425/429/5xx, RemoteError otherwise."""
+def status_error(status: int, headers: httpx.Headers, body: bytes, *, key_env: str | None) -> RemoteError:
+    """The error for a non-2xx answer: TransientError (retried) for 408/425/429/5xx, RemoteError otherwise.
+    The text does not name the provider: `Resilience` puts its name in front."""
     detail = _detail(body)
     if status in RETRIED_STATUS:
         label = "rate limited" if status == 429 else "server error"
         return TransientError(f"{label} (HTTP {status}): {detail}", retry_after_s=retry_after_s(headers))
     if status in (401, 403) and key_env:
-        return RemoteError(
-            f"{provider} refused the request (HTTP {status}): {detail}; check the key in ${key_env}"
-        )
-    return RemoteError(f"{provider} rejected the request (HTTP {status}): {detail}")
+        return RemoteError(f"refused the request (HTTP {status}): {detail}; check the key in ${key_env}")
+    return RemoteError(f"rejected the request (HTTP {status}): {detail}")
 
 
 def _detail(body: bytes) -> str:
@@ -164,11 +161,9 @@ class ApiClient:
             async with self._client().stream(
                 method, url, json=json_body, params=params, headers=headers
             ) as resp:
-                body = await read_limited(resp, self.max_bytes, f"the {self.provider} answer")
+                body = await read_limited(resp, self.max_bytes, "the answer")
                 if not 200 <= resp.status_code < 300:
-                    raise status_error(
-                        self.provider, resp.status_code, resp.headers, body, key_env=self._key_env
-                    )
+                    raise status_error(resp.status_code, resp.headers, body, key_env=self._key_env)
                 return ApiResponse(resp.status_code, resp.headers, body, self.provider)
         except RemoteError as e:
             if self._secret and self._secret in str(e):

@@ -76,7 +76,7 @@ def decode_text(body: bytes, charset: str | None, *, html: bool) -> str:
     return body.decode("utf-8", errors="replace")
 
 
-def extract(
+def extract_text(
     body: bytes, mime: str, charset: str | None, url: str, *, favor: Favor = "balanced"
 ) -> ExtractedText:
     """The title and readable text of a body whose media type is `mime` ("" = unknown: sniffed)."""
@@ -113,10 +113,15 @@ def html_to_text(html: str, url: str, *, favor: Favor = "balanced") -> Extracted
     except Exception as e:  # a parser crash on hostile markup is this page's problem, not the run's
         log.info("trafilatura failed on %s (%s); using the simple pass", url, e)
         return fallback
-    text = (getattr(doc, "text", None) or "").strip() if doc is not None else ""
+
+    def field(name: str) -> str:  # a Document since trafilatura 2, a dict before
+        value = doc.get(name) if isinstance(doc, dict) else getattr(doc, name, None)
+        return str(value or "").strip()
+
+    text = field("text")
     if not text:
         return fallback
-    title = (getattr(doc, "title", None) or "").strip() or fallback.title
+    title = field("title") or fallback.title
     return ExtractedText(title=title, text=text, kind="html")
 
 
@@ -134,8 +139,9 @@ def pdf_to_text(body: bytes) -> ExtractedText:
         meta = reader.metadata
         if meta is not None and meta.title:
             title = str(meta.title).strip()
-    except (PdfReadError, ValueError, KeyError, TypeError) as e:
-        raise ToolError(f"the PDF could not be read ({type(e).__name__}: {e})") from None
+    except Exception as e:  # pypdf raises many types on hostile files; any of them means "unreadable"
+        kind = "PdfReadError" if isinstance(e, PdfReadError) else type(e).__name__
+        raise ToolError(f"the PDF could not be read ({kind}: {e})") from None
     return ExtractedText(title=title, text="\n\n".join(p for p in pages if p), kind="pdf")
 
 

@@ -4,15 +4,18 @@ SearXNG and Jina-reader protocols over a small static site, with switches for fa
     POST /search                 Serper: header X-API-KEY, body {"q", "num"} -> {"organic": [...]}
     GET  /searxng/search         SearXNG: ?q=...&format=json -> {"results": [...]}
     GET  /jina/<url>             Jina reader: bearer key; JSON {"data": {...}} or its text format
-    GET  /site/<name>            the static site: html pages, doc.pdf, image.png, notype, big?bytes=N
+    GET  /site/<name>            the static site: html pages, doc.pdf, broken.pdf, image.png, notype,
+                                 latin1, big?bytes=N, gzip-bomb
     GET  /redirect?to=<url>      302 to <url> (to itself without `to`: a redirect loop)
     GET  /secret                 the target SSRF tests try to reach ("SECRET", counted)
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
+import ssl
 import threading
 import time
 from collections import Counter
@@ -104,9 +107,11 @@ class FakeWeb:
         *,
         serper_key: str | None = "test-serper-key",
         jina_key: str | None = None,
+        tls: tuple[str, str] | None = None,
     ):
         self.pages = dict(DEFAULT_PAGES if pages is None else pages)
         self.serper_key, self.jina_key = serper_key, jina_key
+        self.tls = tls  # (certfile, keyfile): serve https
         self.requests: list[RecordedRequest] = []
         self.hits: Counter[str] = Counter()
         self.delay_s: dict[str, float] = {}
@@ -116,6 +121,7 @@ class FakeWeb:
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self._port: int | None = None
 
     # ------------------------------------------------------------------ control
 
@@ -126,6 +132,11 @@ class FakeWeb:
             fake = web
 
         self._server = _QuietServer(("127.0.0.1", 0), Handler)
+        self._port = int(self._server.server_address[1])  # kept after stop() for late, slow handlers
+        if self.tls is not None:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*self.tls)
+            self._server.socket = ctx.wrap_socket(self._server.socket, server_side=True)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
@@ -147,12 +158,12 @@ class FakeWeb:
 
     @property
     def port(self) -> int:
-        assert self._server is not None, "start() the fake web first"
-        return int(self._server.server_address[1])
+        assert self._port is not None, "start() the fake web first"
+        return self._port
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def url(self, name: str) -> str:
         """The url of a site page."""
@@ -367,6 +378,11 @@ class _Handler(BaseHTTPRequestHandler):
         if name == "big":
             size = int(parse_qs(parts.query).get("bytes", ["1000000"])[0])
             return self._send(200, b"<html><body><p>" + b"x" * size + b"</p></body></html>", "text/html")
+        if name == "broken.pdf":
+            return self._send(200, minimal_pdf("x")[:60], "application/pdf")
+        if name == "gzip-bomb":  # a few kB on the wire, megabytes once decompressed
+            packed = gzip.compress(b"<html><body><p>" + b"0" * 3_000_000 + b"</p></body></html>")
+            return self._send(200, packed, "text/html", {"Content-Encoding": "gzip"})
         if name == "latin1":
             html = "<html><body><p>Caf\u00e9 in Oslen, na\u00efve prices.</p></body></html>".encode("latin-1")
             return self._send(200, html, "text/html; charset=ISO-8859-1")

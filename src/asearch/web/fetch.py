@@ -4,6 +4,7 @@ up to a byte limit, and only readable media types (HTML, text, PDF) are accepted
 from __future__ import annotations
 
 import asyncio
+import ssl
 from dataclasses import dataclass, field
 
 import httpx
@@ -85,9 +86,16 @@ class SafeFetcher:
     """`await fetch(url)` -> FetchedBody, or raises SsrfBlocked / FetchRefused (ToolError, not retried)
     or PageGone / TransientError / RemoteError. One attempt; retries belong to the caller's Resilience."""
 
-    def __init__(self, config: FetchConfig | None = None, *, resolver: Resolver | None = None):
+    def __init__(
+        self,
+        config: FetchConfig | None = None,
+        *,
+        resolver: Resolver | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+    ):
         self.config = config or FetchConfig()
         self._resolver = resolver
+        self._ssl_context = ssl_context  # None: the system's verifying default (certifi when installed)
         self._http: httpx.AsyncClient | None = None
         self._transport: GuardedTransport | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -102,7 +110,10 @@ class SafeFetcher:
         if self._http is None or self._loop is not loop:
             c = self.config
             self._transport = GuardedTransport(
-                c.guard, resolver=self._resolver, max_connections=c.max_connections
+                c.guard,
+                resolver=self._resolver,
+                max_connections=c.max_connections,
+                ssl_context=self._ssl_context,
             )
             self._http = httpx.AsyncClient(
                 transport=self._transport,

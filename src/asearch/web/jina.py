@@ -18,7 +18,7 @@ from asearch.web.api import ApiClient, api_key_from_env
 from asearch.web.cache import normalize_url_key
 from asearch.web.resilience import ResilienceConfig
 from asearch.web.runtime import WebRuntime
-from asearch.web.ssrf import UrlPolicy, check_url
+from asearch.web.ssrf import SsrfBlocked, UrlPolicy, check_url
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class JinaReaderBackend:
     async def _one(self, url: str) -> Page:
         try:
             check_url(url, self.config.guard)
-        except Exception:
+        except SsrfBlocked:
             self.runtime.count("jina_blocked")
             raise
         value = await self.runtime.cached_call(
@@ -116,7 +116,7 @@ def parse_jina_json(data: Any, url: str) -> dict[str, Any]:
     """`{"title", "contents"}` from `{"code": 200, "data": {"title", "url", "content"}}`."""
     inner = data.get("data") if isinstance(data, dict) else None
     if not isinstance(inner, dict) or not isinstance(inner.get("content"), str):
-        raise RemoteError(f"jina answered for {url} without data.content; is base_url a Jina-style reader?")
+        raise RemoteError(f"answered for {url} without data.content; is base_url a Jina-style reader?")
     return {"title": str(inner.get("title") or ""), "contents": inner["content"].strip()}
 
 

@@ -229,7 +229,7 @@ class Resilience:
                 self.refused += 1
                 self.breaker.release_trial()
                 raise
-            except RemoteError as e:
+            except (RemoteError, httpx.HTTPError) as e:  # a final answer: 4xx, bad data, bad encoding
                 self.failures += 1
                 self._count("rejected")
                 self.breaker.record_success()  # the service answered; it is up

@@ -96,7 +96,7 @@ class SearxngBackend(CachedSearchBackend):
 def parse_searxng(data: Any) -> list[dict[str, Any]]:
     """Rows `{"title", "url", "snippet"}` from a SearXNG JSON answer, in its order (already by score)."""
     if not isinstance(data, dict) or not isinstance(data.get("results"), list):
-        raise RemoteError("searxng answered without a 'results' list; is base_url a SearXNG instance?")
+        raise RemoteError("answered without a 'results' list; is base_url a SearXNG instance?")
     return [
         {"title": str(r.get("title") or ""), "url": r["url"], "snippet": str(r.get("content") or "")}
         for r in data["results"]

@@ -82,9 +82,9 @@ def parse_serper(data: Any) -> list[dict[str, Any]]:
     """Rows `{"title", "url", "snippet"}` from a Serper answer, in `position` order; entries without a
     link are skipped. An answer without an `organic` list is an error (not "no results")."""
     if not isinstance(data, dict) or not isinstance(data.get("organic", []), list):
-        raise RemoteError("serper answered without an 'organic' result list; is base_url a Serper-style API?")
+        raise RemoteError("answered without an 'organic' result list; is base_url a Serper-style API?")
     if "organic" not in data and "searchParameters" not in data:
-        raise RemoteError("serper answered without an 'organic' result list; is base_url a Serper-style API?")
+        raise RemoteError("answered without an 'organic' result list; is base_url a Serper-style API?")
     organic = [r for r in data.get("organic", []) if isinstance(r, dict) and isinstance(r.get("link"), str)]
     organic.sort(key=lambda r: r.get("position", 0) if isinstance(r.get("position"), int) else 0)
     return [

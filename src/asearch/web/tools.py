@@ -19,7 +19,7 @@ from asearch.corpus.types import Page
 from asearch.tools import AccessTool, AccessToolConfig, SearchTool, SearchToolConfig, Tool
 from asearch.web.cache import CacheConfig, WebCache, normalize_url_key
 from asearch.web.cost import CostConfig, CostMeter
-from asearch.web.extract import extract
+from asearch.web.extract import extract_text
 from asearch.web.fetch import FetchConfig, PageGone, SafeFetcher
 from asearch.web.jina import JinaConfig, JinaReaderBackend
 from asearch.web.runtime import WebRuntime
@@ -73,7 +73,7 @@ class WebPageBackend:
         except PageGone as e:
             return {"gone": str(e)}
         text = await asyncio.to_thread(
-            extract, fetched.body, fetched.mime, fetched.charset, fetched.final_url
+            extract_text, fetched.body, fetched.mime, fetched.charset, fetched.final_url
         )
         return {"title": text.title, "contents": text.text, "final_url": fetched.final_url, "kind": text.kind}
 

@@ -262,8 +262,10 @@
       const cell = document.querySelector('td.status[data-status="' + CSS.escape(info.id) + '"]');
       if (cell) {
         cell.textContent = "";
-        cell.appendChild(el("span", "state state-" + info.state, info.state));
-        cell.appendChild(document.createTextNode(" "));
+        if (info.state) {
+          cell.appendChild(el("span", "state state-" + info.state, info.state));
+          cell.appendChild(document.createTextNode(" "));
+        }
         cell.appendChild(el("span", "muted", "updated " + ago(info.updated_s_ago)));
         cell.appendChild(el("br"));
         const counts = Object.entries(info.counts).map(([k, v]) => v + " " + k.replace(/_/g, " ")).join(", ");
