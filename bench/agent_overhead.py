@@ -8,7 +8,8 @@ with `do_sample=True` and a KV cache. The table goes to stdout and bench/results
     .venv/bin/python bench/agent_overhead.py                       # tiny model, batch 1/16/64, 128 tokens
     .venv/bin/python bench/agent_overhead.py --models tiny,smollm2 --threads 2
 
-More sections (agent-loop turns/s with an instant engine) plug into SECTIONS.
+Section `runtime`: turns/s the agent loop drives at 1, 64 and 512 concurrent agents with an instant engine
+and in-memory search, against the same engine and tool calls made in a bare loop.
 """
 
 from __future__ import annotations
@@ -147,12 +148,99 @@ def section_engine(args: argparse.Namespace) -> str:
     return "\n".join([*lines, "", *notes])
 
 
-SECTIONS: dict[str, Callable[[argparse.Namespace], str]] = {"engine": section_engine}
+class InstantEngine:
+    """An engine that answers instantly with a fixed search action: isolates the agent runtime's own cost."""
+
+    def __init__(self, tokenizer):
+        from asearch.engine.types import GenerateResponse
+
+        self._ids = tokenizer.encode("<search>capital of Tarnia</search>", add_special_tokens=False)
+        self._response = GenerateResponse
+        self.version = 0
+
+    async def generate(self, request):
+        n = len(self._ids)
+        return self._response(list(self._ids), [0.0] * n, [0] * n, "stop", input_len=len(request.input_ids or []))
+
+    async def close(self) -> None:
+        return None
+
+
+class InMemoryRetriever:
+    """Three fixed hits for any query: search costs nothing but the tool's own plumbing."""
+
+    name = "in-memory"
+
+    def __init__(self):
+        from asearch.corpus.types import Passage
+        from asearch.retrieval.base import SearchHit
+
+        self.hits = [
+            SearchHit(Passage(f"p{i}", f"Doc {i}", "Oslen is a city in Tarnia. " * 4, f"https://x.example/{i}"), 1.0)
+            for i in range(3)
+        ]
+
+    def search(self, queries, topk):
+        return [self.hits[:topk] for _ in queries]
+
+
+def section_runtime(args: argparse.Namespace) -> str:
+    """Agent-loop turns/s with an instant engine and in-memory search, vs the bare engine + tool calls."""
+    from asearch.agent import AgentConfig, run_episode
+    from asearch.models.tiny import train_bpe_tokenizer
+    from asearch.tools import SearchTool, run_tool
+
+    tok = train_bpe_tokenizer(["<search>capital of Tarnia</search> Oslen is a city in Tarnia."] * 50, vocab_size=400)
+    engine = InstantEngine(tok)
+    tool = SearchTool(InMemoryRetriever(), {"topk": 3})
+    turns = args.turns_per_agent
+    cfg = AgentConfig(style="search-r1", max_turns=turns, max_context_tokens=10**6)
+    lines = [
+        f"## Agent runtime turns/s (instant engine, in-memory search, {turns} turns per agent)",
+        "",
+        "Baseline: the same engine and tool calls in a bare loop (no prompts, parsing, tokenizing or records).",
+        "",
+        "| agents | runtime turns/s | bare calls turns/s | runtime / bare |",
+        "|---|---|---|---|",
+    ]
+    notes = []
+
+    async def runtime(n):
+        t = time.perf_counter()
+        trajs = await asyncio.gather(*(run_episode(engine, tok, {"search": tool}, "Where is Oslen?", cfg) for _ in range(n)))
+        assert all(tr.num_turns == turns for tr in trajs)
+        return n * turns / (time.perf_counter() - t)
+
+    async def bare(n):
+        from asearch.engine.types import GenerateRequest
+
+        async def one():
+            for _ in range(turns):
+                await engine.generate(GenerateRequest(input_ids=[1, 2, 3]))
+                await run_tool(tool, "capital of Tarnia")
+
+        t = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(n)))
+        return n * turns / (time.perf_counter() - t)
+
+    for n in args.agents:
+        r = asyncio.run(runtime(n))
+        b = asyncio.run(bare(n))
+        row = f"| {n} | {r:,.0f} | {b:,.0f} | {r / b:.2f} |"
+        lines.append(row)
+        print(row, flush=True)
+        if n == max(args.agents):
+            verdict = "meets" if r >= 5000 else "MISSES"
+            notes.append(f"- {n} agents: {r:,.0f} turns/s ({verdict} the >= 5,000 turns/s target)")
+    return "\n".join([*lines, "", *notes])
+
+
+SECTIONS: dict[str, Callable[[argparse.Namespace], str]] = {"engine": section_engine, "runtime": section_runtime}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sections", default="engine", help=f"comma list of {sorted(SECTIONS)}")
+    ap.add_argument("--sections", default="engine,runtime", help=f"comma list of {sorted(SECTIONS)}")
     ap.add_argument("--models", default="tiny", help=f"comma list of {sorted(MODELS)}")
     ap.add_argument("--batches", default="1,16,64", type=lambda s: [int(x) for x in s.split(",")])
     ap.add_argument("--new-tokens", type=int, default=128)
@@ -161,6 +249,8 @@ def main() -> None:
         "--threads", type=int, default=1, help="torch threads (2 only when the machine is otherwise idle)"
     )
     ap.add_argument("--skip-hf", action="store_true", help="engine numbers only")
+    ap.add_argument("--agents", default="1,64,512", type=lambda s: [int(x) for x in s.split(",")])
+    ap.add_argument("--turns-per-agent", type=int, default=20)
     args = ap.parse_args()
 
     load_before = os.getloadavg()

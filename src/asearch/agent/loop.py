@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -220,6 +221,25 @@ async def run_episode(
     return traj
 
 
+_ENCODE_CACHE: OrderedDict[tuple[int, str], tuple[int, ...]] = OrderedDict()
+_ENCODE_CACHE_SIZE = 8192
+
+
+def _encode_cached(tokenizer: Tokenizer, text: str) -> list[int]:
+    """Tokenize context text, remembering recent results: the samples of a group (and later turns) see
+    the same results and wrappers again, and tokenizing a search result costs ~0.5 ms on one core."""
+    key = (id(tokenizer), text)
+    ids = _ENCODE_CACHE.get(key)
+    if ids is None:
+        ids = tuple(tokenizer.encode(text, add_special_tokens=False))
+        _ENCODE_CACHE[key] = ids
+        if len(_ENCODE_CACHE) > _ENCODE_CACHE_SIZE:
+            _ENCODE_CACHE.popitem(last=False)
+    else:
+        _ENCODE_CACHE.move_to_end(key)
+    return list(ids)
+
+
 def _stop_token_ids(tokenizer: Tokenizer) -> list[int]:
     ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
     convert = getattr(tokenizer, "convert_tokens_to_ids", None)
@@ -261,7 +281,7 @@ class _Context:
             self.pieces.append((opening, None))
 
     def _encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False) if text else []
+        return _encode_cached(self.tok, text) if text else []
 
     def begin_call(self, suffix: str, *, compactable: bool) -> list[int]:
         if self.style.history == "summaries":
@@ -287,8 +307,8 @@ class _Context:
         self.traj.segments[-1].extend_generated(resp.output_ids, resp.output_logprobs, resp.output_versions)
         if self.style.history == "full":
             self.pieces.append((resp.output_ids, None))
-        if self.user_turn is not None:
-            self._last_output = self.tok.decode(resp.output_ids, skip_special_tokens=False)
+        if self.user_turn is not None:  # only the tail matters: did the model already close its turn?
+            self._last_output = self.tok.decode(resp.output_ids[-4:], skip_special_tokens=False)
         return resp.text or self.tok.decode(resp.output_ids, skip_special_tokens=True)
 
     def as_user_turn(self, text: str) -> str:
