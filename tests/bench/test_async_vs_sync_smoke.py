@@ -75,6 +75,7 @@ def test_quick_run_prints_the_table_and_sane_numbers(tmp_path):
         assert r["engine_tokens"] >= r["trained_gen_tokens"] > 0
         assert r["rollout_wait_s"] + r["train_s"] + r["weight_sync_s"] <= r["wall_s"] + 1e-6
         assert 1 <= r["trained_turns_max"] <= args["max_turns"]
+        assert r["cut_short"] == 0  # every episode ran its question's k turns: the work is as designed
     sync = results[0]
     assert sync["staleness_max"] == 0 and sync["rejected"] == {}
     assert sync["idle_fraction"] > 0  # synchronous generation waits while the trainer runs
@@ -89,6 +90,13 @@ def test_quick_run_prints_the_table_and_sane_numbers(tmp_path):
     first = turns[: args["steps"] * args["batch"]]
     assert sync["trained_turns_mean"] == pytest.approx(sum(first) / len(first))
     assert sync["long_groups_trained"] == sum(k >= args["long_turns"] for k in first)
+
+    # batch_order=admitted (the default): every setting trains the same groups, so the ratio is equal work
+    assert args["batch_order"] == "admitted" and args["engine"] == "server"
+    for r in results.values():
+        assert r["long_groups_trained"] == sync["long_groups_trained"] and "stale" not in r["rejected"]
+        assert r["trained_turns_mean"] == pytest.approx(sync["trained_turns_mean"])
+    assert "equal-work check: every setting trained as many long groups as the synchronous run." in lines
 
     # the last line is the ratio of the best fully asynchronous setting to the synchronous one
     m = re.fullmatch(r"async/sync throughput ratio: (\d+\.\d\d)", lines[-1])

@@ -459,6 +459,40 @@ def test_close_aborts_in_flight_requests(model, tokenizer):
     assert len(resp.output_logprobs) == len(resp.output_versions) == resp.output_len
 
 
+def test_abort_all_returns_partial_responses_and_the_engine_keeps_serving(model, tokenizer):
+    async def main():
+        engine = make_engine(model, tokenizer, max_seq_len=2048)
+        ids = prompts(tokenizer, 2)
+        running = asyncio.create_task(
+            engine.generate(
+                GenerateRequest(input_ids=ids[0], sampling=SamplingParams(max_new_tokens=100_000))
+            )
+        )
+        while engine.stats()["tokens_generated"] < 2:
+            await asyncio.sleep(0.001)
+        await engine.pause()  # from here nothing decodes: the counts below are exact
+        queued = asyncio.create_task(
+            engine.generate(GenerateRequest(input_ids=ids[1], sampling=SamplingParams(max_new_tokens=5)))
+        )
+        await asyncio.sleep(0)  # let it reach the engine's queue
+        ended = await engine.abort_all()
+        r1, r2 = await asyncio.wait_for(running, 30), await asyncio.wait_for(queued, 30)
+        await engine.flush_cache()
+        await engine.resume()
+        after = await engine.generate(
+            GenerateRequest(input_ids=ids[1], sampling=SamplingParams(max_new_tokens=3))
+        )
+        stats = engine.stats()
+        await engine.close()
+        return ended, r1, r2, after, stats
+
+    ended, r1, r2, after, stats = run(main())
+    assert ended == 2 and stats["requests_aborted"] == 2
+    assert r1.stop_reason == "abort" and r1.output_len >= 2 and len(r1.output_logprobs) == r1.output_len
+    assert r2.stop_reason == "abort" and r2.output_ids == []
+    assert after.stop_reason == "length" and after.output_len == 3
+
+
 # --------------------------------------------------------------------------- weight updates
 
 

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PROMPT = [11, 42, 97, 150, 23, 64]
 TIE = False  # vLLM 0.32 reload_weights mishandles tied embeddings (see VLLMEngine.update_weights)
 ATOL = 2e-3  # float32 on both sides; CPU attention kernels differ in summation order only
+MAX_LEN = 4096  # the models' positions and the server's context: room for requests that last seconds
 
 
 # ---------------------------------------------------------------------- fixtures
@@ -68,7 +69,15 @@ def _tiny(seed: int):
     tok = train_bpe_tokenizer(texts, vocab_size=300)
     # head_dim 32 is the smallest the vLLM CPU attention backend supports.
     model = build_tiny_model(
-        tok, hidden=64, layers=2, heads=2, kv_heads=1, intermediate=128, max_positions=512, seed=seed, tie=TIE
+        tok,
+        hidden=64,
+        layers=2,
+        heads=2,
+        kv_heads=1,
+        intermediate=128,
+        max_positions=MAX_LEN,
+        seed=seed,
+        tie=TIE,
     )
     # Default init (std 0.02) gives near-uniform next-token distributions, which would make a logprob
     # comparison weak; wider weights give peaked, seed-specific distributions.
@@ -102,7 +111,7 @@ def server(vllm_python: str, models, tmp_path_factory: pytest.TempPathFactory):
         log_path=log_path,
         python=vllm_python,
         served_model_name="tiny",
-        max_model_len=512,
+        max_model_len=MAX_LEN,
         cfg=SupervisorConfig(health_timeout_s=900),
     )
     print(f"\n[vllm] server healthy after {time.monotonic() - start:.0f}s at {url} (log: {log_path})")
@@ -126,6 +135,51 @@ def ref_logprobs(
 
 def run(coro):
     return asyncio.run(coro)
+
+
+async def seconds_of_tokens(engine: VLLMEngine, seconds: float) -> int:
+    """max_new_tokens for a request that runs about `seconds` on this server now (at least 256, at most
+    what fits in the context): the per-token time is measured, not assumed, so fast and slow machines
+    both get a request that is still running when the test acts on it."""
+    t = time.monotonic()
+    await engine.generate(req(16, seed=90))
+    t16 = time.monotonic() - t
+    t = time.monotonic()
+    await engine.generate(req(144, seed=91))
+    per_token = max((time.monotonic() - t - t16) / 128, 1e-5)
+    n = int(min(MAX_LEN - len(PROMPT) - 8, max(256, seconds / per_token)))
+    print(f"\n[vllm] {per_token * 1e3:.2f} ms/token: {n} tokens for ~{seconds:.0f}s")
+    return n
+
+
+async def server_metrics(url: str) -> dict[str, float]:
+    """vLLM's Prometheus /metrics, summed over labels: {'vllm:num_requests_running': ..., ...}."""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=30) as client:
+        text = (await client.get(f"{url}/metrics")).text
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("vllm:"):
+            name, value = line.split("{")[0].split(" ")[0], line.rsplit(" ", 1)[1]
+            out[name] = out.get(name, 0.0) + float(value)
+    return out
+
+
+def generated_total(m: dict[str, float]) -> float:
+    return m.get("vllm:generation_tokens_total", m.get("vllm:generation_tokens", 0.0))
+
+
+async def wait_generating(url: str, task: asyncio.Task, before: float, timeout: float = 120) -> float:
+    """Until the server reports a running request and more generated tokens than `before`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert not task.done(), "the request finished before generation was seen in progress"
+        m = await server_metrics(url)
+        if m.get("vllm:num_requests_running", 0) >= 1 and generated_total(m) > before:
+            return generated_total(m)
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"no generation seen in {timeout}s")
 
 
 def req(max_new: int, *, seed: int = 0, **sampling) -> GenerateRequest:
@@ -207,21 +261,28 @@ def test_pause_freezes_and_resume_finishes(server) -> None:
     async def go():
         engine = VLLMEngine(url, "tiny")
         try:
-            # 400 tokens take ~1.8 s on an idle machine, so only a frozen request is still running
-            # 2.7 s after it started.
-            task = asyncio.create_task(engine.generate(req(400, seed=5)))
-            await asyncio.sleep(0.2)
+            # Independent of the machine's speed: a request sized to run ~8 s, paused once the server
+            # shows it generating; frozen = the server's generated-token counter stands still.
+            n = await seconds_of_tokens(engine, 8.0)
+            before = generated_total(await server_metrics(url))
+            task = asyncio.create_task(engine.generate(req(n, seed=5)))
+            await wait_generating(url, task, before)
             await engine.pause()
-            await asyncio.sleep(2.5)
-            frozen = not task.done()
+            running_after_pause = not task.done()
+            await asyncio.sleep(0.3)
+            g0 = generated_total(await server_metrics(url))
+            await asyncio.sleep(1.5)
+            g1 = generated_total(await server_metrics(url))
+            still_running = not task.done()
             await engine.resume()
-            return frozen, await task, engine.stats
+            return n, running_after_pause, (g0, g1), still_running, await task, engine.stats
         finally:
             await engine.close()
 
-    frozen, resp, stats = run(go())
-    assert frozen
-    assert resp.stop_reason == "length" and len(resp.output_ids) == 400
+    n, running_after_pause, (g0, g1), still_running, resp, stats = run(go())
+    assert running_after_pause and still_running
+    assert g1 == g0, f"{g1 - g0:.0f} tokens generated while paused"
+    assert resp.stop_reason == "length" and len(resp.output_ids) == n
     assert stats.resends == 0 and set(resp.output_versions) == {0}  # a pause is not an abort
 
 
@@ -250,26 +311,27 @@ def test_weight_update_mid_request_resends_under_new_weights(server, models) -> 
     async def go():
         engine = VLLMEngine(url, "tiny", supervisors=[sup])
         try:
-            # Update after ~40 of the 200 tokens, whatever the machine's speed right now.
-            t = time.monotonic()
-            await engine.generate(req(20, seed=6))
-            per_20 = time.monotonic() - t
-            task = asyncio.create_task(engine.generate(req(200, seed=7)))
-            await asyncio.sleep(2 * per_20)
+            # Independent of the machine's speed: a request sized to run ~6 s, updated once the server
+            # shows it generating (so some tokens come from the old weights and the rest from the new).
+            n = await seconds_of_tokens(engine, 6.0)
+            before = generated_total(await server_metrics(url))
+            task = asyncio.create_task(engine.generate(req(n, seed=7)))
+            await wait_generating(url, task, before)
+            assert not task.done()
             await engine.update_weights(models["v1"][1], version=1)
             interrupted = await task
             after = await engine.generate(req(16, seed=8))
-            return interrupted, after, engine.stats, engine.version
+            return n, interrupted, after, engine.stats, engine.version
         finally:
             await engine.close()
 
-    interrupted, after, stats, version = run(go())
+    n, interrupted, after, stats, version = run(go())
     assert version == 1 and stats.weight_updates == 1 and stats.resends >= 1
     out, vers = interrupted.output_ids, interrupted.output_versions
-    assert interrupted.stop_reason == "length" and len(out) == 200
+    assert interrupted.stop_reason == "length" and len(out) == n
     n0 = vers.count(0)
-    print(f"\n[vllm] weight update took {stats.last_update_s:.2f}s; {n0} of 200 tokens before the switch")
-    assert 0 < n0 < 200 and vers == [0] * n0 + [1] * (200 - n0), "one switch from version 0 to 1"
+    print(f"\n[vllm] weight update took {stats.last_update_s:.2f}s; {n0} of {n} tokens before the switch")
+    assert 0 < n0 < n and vers == [0] * n0 + [1] * (n - n0), "one switch from version 0 to 1"
     # Tokens tagged 0 came from the old weights; those tagged 1 from the new ones, with the whole prefix
     # (prompt + old tokens) re-prefilled under the new weights.
     torch.testing.assert_close(
@@ -291,3 +353,57 @@ def test_weight_update_mid_request_resends_under_new_weights(server, models) -> 
     )
     # a crash restart now would come back on the new weights
     assert str(models["v1"][1]) in sup.command
+
+
+def test_trainer_step_reaches_the_server(server, models, tmp_path) -> None:
+    """Rollouts from the server -> PolicyTrainer.train_step -> save_hf -> update_weights: the server then
+    samples from exactly the trainer's new weights (log-probs as transformers computes them)."""
+    import copy
+
+    from asearch.rl.trainer import OptimConfig, PolicyTrainer, Sample, TrainerConfig
+
+    sup, url = server
+    old, v0_dir, tok = models["v0"]
+    policy = copy.deepcopy(old)
+    trainer = PolicyTrainer(policy, TrainerConfig(optim=OptimConfig(lr=1e-2)), temperature=1.0)
+
+    async def go():
+        engine = VLLMEngine(url, "tiny", supervisors=[sup])
+        try:
+            # the server may hold other weights (earlier tests update it): start from the trainer's
+            await engine.update_weights(v0_dir, version=1)
+            rollouts = await asyncio.gather(*(engine.generate(req(24, seed=100 + i)) for i in range(4)))
+            samples = [
+                Sample(
+                    token_ids=PROMPT + r.output_ids,
+                    loss_mask=[0] * len(PROMPT) + [1] * len(r.output_ids),
+                    behav_logprobs=[0.0] * len(PROMPT) + r.output_logprobs,
+                    versions=[1] * len(PROMPT) + r.output_versions,
+                    advantage=1.0 if i % 2 else -1.0,
+                )
+                for i, r in enumerate(rollouts)
+            ]
+            stats = await asyncio.to_thread(trainer.train_step, samples, policy_version=1)
+            path = trainer.save_hf(tmp_path / "step_2", tok)
+            await engine.update_weights(path, version=2)
+            after = await engine.generate(req(32, seed=9))
+            return rollouts, stats, after
+        finally:
+            await engine.close()
+
+    rollouts, stats, after = run(go())
+    for r in rollouts:  # the behaviour log-probs the trainer got are the served policy's
+        assert r.output_versions == [1] * 24
+        torch.testing.assert_close(
+            r.output_logprobs, ref_logprobs(old, PROMPT, r.output_ids), atol=ATOL, rtol=0
+        )
+    # on-policy samples: the behaviour weights are 1, nothing capped, and the step moved the policy
+    assert stats["loss/behav_capped_frac"] == 0.0 and stats["perf/grad_norm"] > 0
+    assert after.output_versions == [2] * 32
+    new_ref = ref_logprobs(policy, PROMPT, after.output_ids)
+    torch.testing.assert_close(after.output_logprobs, new_ref, atol=ATOL, rtol=0)
+    moved = max(abs(a - b) for a, b in zip(new_ref, ref_logprobs(old, PROMPT, after.output_ids), strict=True))
+    print(
+        f"\n[vllm] after one train step the served log-probs moved by up to {moved:.3f} (match: atol {ATOL})"
+    )
+    assert moved > 10 * ATOL

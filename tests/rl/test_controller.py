@@ -19,9 +19,11 @@ def _traj(version_at_start: int, version_at_end: int, reward: float) -> Trajecto
     return Trajectory(id="t", question="q", style="x", segments=[seg], answer=str(reward), finish="answer")
 
 
-def _simulate(seed: int, eta: int, steps: int, kill_at: int | None):
+def _simulate(seed: int, eta: int, steps: int, kill_at: int | None, order: str = "finished"):
     rng = random.Random(seed)
-    cfg = ControllerConfig(batch_size=3, group_size=2, max_staleness=eta, max_concurrent=rng.randint(1, 8))
+    cfg = ControllerConfig(
+        batch_size=3, group_size=2, max_staleness=eta, max_concurrent=rng.randint(1, 8), batch_order=order
+    )
     n_data = 200
     trained: list[int] = []
     worst = {"staleness": 0}
@@ -71,18 +73,31 @@ def _simulate(seed: int, eta: int, steps: int, kill_at: int | None):
     return trained, rejected, worst["staleness"]
 
 
+@pytest.mark.parametrize("order", ["finished", "admitted"])
 @pytest.mark.parametrize("eta", [0, 1, 2, 4])
 @pytest.mark.parametrize("seed", range(6))
-def test_staleness_bound_holds_per_group(seed, eta):
-    trained, _, worst = _simulate(seed, eta, steps=10, kill_at=None)
+def test_staleness_bound_holds_per_group(seed, eta, order):
+    trained, _, worst = _simulate(seed, eta, steps=10, kill_at=None, order=order)
     assert worst <= eta
     assert len(trained) == 30 and len(set(trained)) == 30  # no group trained twice
 
 
+@pytest.mark.parametrize("eta", [0, 1, 3])
+@pytest.mark.parametrize("seed", range(6))
+def test_admitted_order_trains_in_admission_order_and_drops_nothing_as_stale(seed, eta):
+    """batch_order="admitted": a batch waits for older groups, so batches keep admission order, and the
+    admission rule alone keeps every group within the bound: none is cancelled or dropped as stale, so
+    long groups are trained as in synchronous RL."""
+    trained, rejected, worst = _simulate(seed, eta, steps=10, kill_at=None, order="admitted")
+    assert trained == sorted(trained)  # data positions are admission order without a resume
+    assert rejected.get("stale", 0) == 0 and worst <= eta
+
+
+@pytest.mark.parametrize("order", ["finished", "admitted"])
 @pytest.mark.parametrize("eta", [0, 2])
 @pytest.mark.parametrize("seed", range(4))
-def test_bound_and_no_loss_across_kill_and_resume(seed, eta):
-    trained, rejected, worst = _simulate(seed, eta, steps=10, kill_at=5)
+def test_bound_and_no_loss_across_kill_and_resume(seed, eta, order):
+    trained, rejected, worst = _simulate(seed, eta, steps=10, kill_at=5, order=order)
     assert worst <= eta
     assert len(set(trained)) == len(trained) == 30
     assert rejected.get("error", 0) > 0  # failures are counted by cause (and the accounting above holds)

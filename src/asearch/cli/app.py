@@ -6,7 +6,8 @@ import typer
 from rich.markup import escape
 
 from asearch import __version__
-from asearch.cli import ask, corpus, index, serve, train
+from asearch.cli import ask, corpus, index, serve, sim, synth, train
+from asearch.cli import engine as engine_cli
 from asearch.cli import eval as eval_cli
 from asearch.cli import view as view_cli
 from asearch.cli.console import console
@@ -22,12 +23,15 @@ app = typer.Typer(
 app.add_typer(corpus.app, name="corpus")
 app.add_typer(index.app, name="index")
 app.command("serve")(serve.serve)
+app.add_typer(engine_cli.app, name="engine")
 app.command("ask")(ask.ask)
 app.command("train")(train.train)
 app.command("demo")(train.demo)
+app.command("sim")(sim.sim)
 app.command("view")(view_cli.view)
 app.add_typer(eval_cli.app, name="eval")
 app.add_typer(eval_cli.data_app, name="data")
+app.add_typer(synth.app, name="synth")
 
 
 @app.command()

@@ -231,6 +231,18 @@ class InProcessEngine:
         """
         await self._call("update", source, version)
 
+    async def abort_all(self) -> int:
+        """End every queued and running request now with stop_reason "abort" and the tokens it has.
+
+        Their awaiting callers get a response (not `CancelledError`); the number ended is returned. A
+        server uses this to empty the engine before a weight update, so no response spans two versions.
+        """
+        return await self._call("abort_all")
+
+    async def flush_cache(self) -> None:
+        """Drop the prefix cache (KV kept per trajectory between turns)."""
+        await self._call("flush")
+
     async def close(self) -> None:
         """Stop the decode thread; requests still in flight get stop_reason "abort"."""
         if self._closed:
@@ -405,6 +417,8 @@ class InProcessEngine:
                     "pause": self._do_pause,
                     "resume": self._do_resume,
                     "update": self._do_update,
+                    "abort_all": self._do_abort_all,
+                    "flush": self._do_flush,
                     "close": self._do_close,
                 }[name]
                 try:
@@ -446,13 +460,22 @@ class InProcessEngine:
             len(self._rows),
         )
 
-    def _do_close(self) -> None:
-        for row in [*self._rows, *self._waiting]:
+    def _do_abort_all(self) -> int:
+        rows = [*self._rows, *self._waiting]
+        for row in rows:
             self._stats.requests_aborted += 1
             self._post(row.loop, row.fut, self._response(row, "abort"))
         self._rows.clear()
         self._waiting.clear()
+        return len(rows)
+
+    def _do_flush(self) -> None:
         self._parked.clear()
+        self._parked_bytes = 0
+
+    def _do_close(self) -> None:
+        self._do_abort_all()
+        self._do_flush()
 
     def _abort(self, row: _Row) -> None:
         if row in self._waiting:

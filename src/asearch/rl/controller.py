@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -31,6 +31,13 @@ class ControllerConfig(Config):
     )
     max_concurrent: int = Field(16, ge=1, description="Groups generating at once.")
     drop_zero_variance: bool = Field(True, description="Reject groups whose rewards are all equal.")
+    batch_order: Literal["finished", "admitted"] = Field(
+        "finished",
+        description="finished: a batch is the B oldest finished groups, so a long group is overtaken by "
+        "short ones and, once past the bound, cancelled (long trajectories go untrained). admitted: a batch "
+        "waits for every older group, so batches keep admission order, no group is ever stale and long "
+        "trajectories train as often as in synchronous RL; a straggler delays training, not generation.",
+    )
 
 
 @dataclass
@@ -132,10 +139,9 @@ class RolloutController:
         self.staleness.finish(accepted=cause is None)
         if cause is None:
             self.ready.append(group)
-            if len(self.ready) >= self.cfg.batch_size:
-                self._batch_ready.set()
         else:
             self.rejected[cause] += 1
+        self._batch_ready.set()  # get_batch re-checks: a finished straggler may complete an "admitted" batch
         if not self.inflight:
             self._mark_idle()
         self._wake.set()
@@ -153,9 +159,15 @@ class RolloutController:
                 self.staleness.rejected += 1
                 self.rejected["stale"] += 1
                 self._wake.set()
-            if len(self.ready) >= B:
-                self.ready.sort(key=lambda g: g.seq)
-                batch, self.ready = self.ready[:B], self.ready[B:]
+            self.ready.sort(key=lambda g: g.seq)
+            eligible = self.ready
+            if self.cfg.batch_order == "admitted":  # never skip past a group still generating
+                oldest_running = min(self.inflight, default=None)
+                eligible = [g for g in self.ready if oldest_running is None or g.seq < oldest_running]
+            if len(eligible) >= B:
+                batch = eligible[:B]
+                taken = {g.seq for g in batch}
+                self.ready = [g for g in self.ready if g.seq not in taken]
                 return batch
             if self.exhausted and not self.inflight:
                 return None

@@ -7,9 +7,12 @@ minibatch accumulate the decoupled PPO loss over token-budget micro-batches and 
 from __future__ import annotations
 
 import math
+import os
 import random
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -103,6 +106,11 @@ def sequence_logprobs(model: Any, samples: Sequence[Sample], temperature: float)
     return torch.nn.functional.pad(lp, (1, 0))
 
 
+# Stands in for a micro-batch on a process that has run out of samples: its all-zero loss mask gives a
+# zero gradient, while its forward and backward still join the collectives of a sharded model.
+_NOOP = Sample(token_ids=[0, 0], loss_mask=[0, 0], behav_logprobs=[0.0, 0.0], versions=[0, 0], advantage=0.0)
+
+
 def _pad(rows: Sequence[Sequence[float]], longest: int, fill: float = 0.0) -> torch.Tensor:
     out = torch.full((len(rows), longest), fill, dtype=torch.float32)
     for r, row in enumerate(rows):
@@ -133,44 +141,64 @@ class PolicyTrainer:
         progress = min(1.0, (opt_step - o.warmup_steps) / max(1, total - o.warmup_steps))
         return o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
-    def _logprobs(self, samples: Sequence[Sample], idx: list[int]) -> torch.Tensor:
-        return sequence_logprobs(self.model, [samples[i] for i in idx], self.temperature)
+    # -- the hooks a data-parallel trainer overrides (asearch.rl.distributed.DistributedPolicyTrainer);
+    #    here: one process sees every sample.
+
+    def _shard(self, samples: Sequence[Sample], idx: list[int]) -> list[int]:
+        """The part of a minibatch (sample indices) this process computes."""
+        return idx
+
+    def _micro_batches(self, samples: Sequence[Sample], idx: list[int]) -> list[list[int]]:
+        """`idx` in token-budget micro-batches (lists of sample indices; [] = a no-op stand-in)."""
+        rows = [samples[i] for i in idx]
+        return [[idx[j] for j in mb] for mb in micro_batches(rows, self.cfg.token_budget)]
+
+    def _all_sum(self, values: list[float]) -> list[float]:
+        """Sums over all processes."""
+        return values
+
+    def _clip_grad_norm(self) -> float:
+        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip))
 
     def train_step(self, samples: Sequence[Sample], *, policy_version: int) -> dict[str, float]:
         cfg = self.cfg
         self.model.train()
+        order = list(range(len(samples)))
+        self.rng.shuffle(order)
+        minibatches = [self._shard(samples, order[k :: cfg.n_minibatches]) for k in range(cfg.n_minibatches)]
+        # a minibatch's loss is the mean over all its loss-mask tokens, whichever process holds them
+        counts = self._all_sum(
+            [float(sum(samples[i].n_generated for i in mb)) for mb in minibatches]
+            + [float(len(mb)) for mb in minibatches]
+        )
+        mb_tokens, mb_sizes = counts[: cfg.n_minibatches], counts[cfg.n_minibatches :]
 
         # -- 1. proximal log-probs: the policy as it is before this step's updates
         prox: dict[int, torch.Tensor] = {}
         if cfg.prox == "recompute":
             with torch.no_grad():
-                for mb in micro_batches(samples, cfg.token_budget):
-                    lp = self._logprobs(samples, mb)
-                    for r, i in enumerate(mb):
+                for idx in self._micro_batches(samples, sorted(i for mb in minibatches for i in mb)):
+                    lp = sequence_logprobs(self.model, [samples[i] for i in idx] or [_NOOP], self.temperature)
+                    for r, i in enumerate(idx):
                         prox[i] = lp[r, : len(samples[i].token_ids)].cpu()
 
         # -- 2. minibatch updates
-        order = list(range(len(samples)))
-        self.rng.shuffle(order)
-        minibatches = [order[k :: cfg.n_minibatches] for k in range(cfg.n_minibatches)]
         stats: dict[str, float] = {}
         n_stats = 0
         grad_norms: list[float] = []
         for k_mb, mb in enumerate(minibatches):
-            if not mb:
-                continue
-            mb_tokens = sum(samples[i].n_generated for i in mb)
+            if not mb_sizes[k_mb]:
+                continue  # fewer samples than minibatches
             self.optimizer.zero_grad(set_to_none=True)
-            for micro in micro_batches([samples[i] for i in mb], cfg.token_budget):
-                idx = [mb[j] for j in micro]
-                rows = [samples[i] for i in idx]
+            for idx in self._micro_batches(samples, mb):
+                rows = [samples[i] for i in idx] or [_NOOP]
                 longest = max(len(s.token_ids) for s in rows)
-                logp = self._logprobs(samples, idx)
+                logp = sequence_logprobs(self.model, rows, self.temperature)
                 behav = _pad([s.behav_logprobs for s in rows], longest)
                 mask = _pad([s.loss_mask for s in rows], longest)
                 adv = torch.tensor([s.advantage for s in rows])[:, None].expand(-1, longest)
                 if cfg.prox == "recompute":
-                    prox_lp = _pad([prox[i].tolist() for i in idx], longest)
+                    prox_lp = _pad([prox[i].tolist() for i in idx] or [[0.0] * longest], longest)
                 else:
                     # log pi_prox ~ log pi_behav + alpha (log pi_theta - log pi_behav) with
                     # alpha = (v_prox - v_behav) / (v_theta - v_behav); theta at minibatch k counts as
@@ -185,21 +213,29 @@ class PolicyTrainer:
                 loss, s = decoupled_ppo_loss(
                     logp, prox_lp.to(dev), behav.to(dev), adv.to(dev), mask.to(dev), cfg.loss
                 )
-                (loss * (mask.sum().item() / max(mb_tokens, 1))).backward()
-                for k, v in s.items():
-                    stats[k] = stats.get(k, 0.0) + v
-                n_stats += 1
-            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)))
+                # the no-op stand-in has an all-zero mask: a zero gradient, but every collective runs
+                (loss * (mask.sum().item() / max(mb_tokens[k_mb], 1))).backward()
+                for k, v in s.items():  # every process has the same keys, for the sum below
+                    stats[k] = stats.get(k, 0.0) + (v if idx else 0.0)
+                n_stats += bool(idx)
+            grad_norms.append(self._clip_grad_norm())
             self.optimizer.step()
             self.scheduler.step()
             self.step += 1
-        out = {k: v / max(n_stats, 1) for k, v in stats.items()}
+        keys = sorted(stats)
+        sums = self._all_sum([stats[k] for k in keys] + [float(n_stats)])
+        out = {k: v / max(sums[-1], 1) for k, v in zip(keys, sums, strict=False)}
         out["perf/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
         out["perf/lr"] = self.scheduler.get_last_lr()[0]
         out["perf/train_tokens"] = float(sum(len(s.token_ids) for s in samples))
         out["perf/train_samples"] = float(len(samples))
         self.model.eval()
         return out
+
+    def save_hf(self, directory: str | os.PathLike[str], tokenizer: Any = None) -> Path:
+        """The policy as a Hugging Face directory (config + safetensors, and the tokenizer if given):
+        what `engine.update_weights(directory, version)` loads on a rollout server."""
+        return write_hf_dir(self.model, directory, tokenizer=tokenizer)
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -216,3 +252,19 @@ class PolicyTrainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = state["step"]
         self.rng.setstate(state["rng"])
+
+
+def write_hf_dir(
+    model: Any, directory: str | os.PathLike[str], *, tokenizer: Any = None, state_dict: dict | None = None
+) -> Path:
+    """`model.save_pretrained` (with `state_dict` instead of the model's own, if given) into a temporary
+    sibling that then replaces `directory`, so a server never reads a half-written directory."""
+    directory = Path(directory)
+    tmp = directory.with_name(f".tmp-{directory.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, state_dict=state_dict)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+    shutil.rmtree(directory, ignore_errors=True)
+    tmp.rename(directory)
+    return directory

@@ -28,10 +28,10 @@ class EndpointConfig(Config):
     retries: int = Field(3, ge=0, description="HTTP-level retries on 429/5xx/connection errors.")
     temperature: float = Field(0.7, ge=0, description="Sampling temperature of the operator or gate prompts.")
     max_tokens: int = Field(256, ge=1, description="Reply budget per call.")
-    json_mode: bool = Field(
-        False,
-        description="Send response_format={'type': 'json_object'} so the server constrains replies to JSON "
-        "(vLLM and llama.cpp support it; small models need it).",
+    json_mode: Literal["off", "json_object", "json_schema"] = Field(
+        "off",
+        description="Constrain replies server-side: json_object (any JSON) or json_schema (the exact keys each "
+        "prompt asks for); vLLM and llama.cpp support both, and small models need them.",
     )
 
 
@@ -93,19 +93,25 @@ class GateConfig(Config):
 class DedupConfig(Config):
     """Near-duplicate removal over the accepted questions (MinHash over word shingles, then exact Jaccard)."""
 
-    enabled: bool = True
+    enabled: bool = Field(
+        True, description="Remove near-duplicates from questions.jsonl (counted in the report)."
+    )
     threshold: float = Field(
         0.7, gt=0, le=1, description="Jaccard of word-bigram sets at which two questions clash."
     )
     same_answer_only: bool = Field(
         True, description="Only questions with the same (normalised) answer can be duplicates of each other."
     )
-    num_perm: int = Field(64, ge=8, description="MinHash permutations.")
-    bands: int = Field(16, ge=1, description="LSH bands (num_perm must be a multiple).")
+    num_perm: int = Field(128, ge=8, description="MinHash permutations.")
+    bands: int | None = Field(
+        None,
+        ge=1,
+        description="LSH bands (a divisor of num_perm); default: enough for 99.5% recall at the threshold.",
+    )
 
     @model_validator(mode="after")
     def _bands_divide(self) -> DedupConfig:
-        if self.num_perm % self.bands:
+        if self.bands is not None and self.num_perm % self.bands:
             raise ValueError(f"dedup.num_perm={self.num_perm} must be a multiple of dedup.bands={self.bands}")
         return self
 
@@ -142,10 +148,18 @@ class LLMBackendConfig(Config):
         le=1,
         description="A statement counts as on its page when this share of its word pairs are there.",
     )
+    max_aliases: int = Field(
+        3,
+        ge=0,
+        description="Other spellings of the answer kept from the base reply (the paraphrase answers).",
+    )
+    max_candidates: int = Field(
+        4, ge=1, description="Uniqueness: the solver's distinct wrong answers the judge checks, at most."
+    )
 
 
 class SynthConfig(Config):
-    """One synthesis run (`asearch synth run -c configs/synth-world.yaml`)."""
+    """One synthesis run (`asearch synth configs/synth-world.yaml --out DIR`)."""
 
     backend: Literal["graph", "llm"] = Field("graph", description="graph: the embedded world; llm: prompts.")
     seed: int = Field(0, description="Seeds the seed order and every operator's choices.")

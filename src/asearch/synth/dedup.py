@@ -56,10 +56,23 @@ class Duplicate:
     similarity: float
 
 
+def auto_bands(threshold: float, num_perm: int, recall: float = 0.995) -> int:
+    """The fewest LSH bands (longest, most selective) that still propose a pair at `threshold` with `recall`.
+
+    A pair of Jaccard t shares one band of r rows with probability t^r, so it becomes a candidate with
+    probability 1 - (1 - t^r)^(num_perm / r).
+    """
+    for rows in sorted((r for r in range(1, num_perm + 1) if num_perm % r == 0), reverse=True):
+        if 1 - (1 - threshold**rows) ** (num_perm // rows) >= recall:
+            return num_perm // rows
+    return num_perm
+
+
 class NearDuplicateIndex:
     """Online form: `add` returns the Duplicate an item would be, or None after indexing it as kept."""
 
-    def __init__(self, threshold: float, *, num_perm: int = 64, bands: int = 16):
+    def __init__(self, threshold: float, *, num_perm: int = 128, bands: int | None = None):
+        bands = auto_bands(threshold, num_perm) if bands is None else bands
         if num_perm % bands:
             raise ValueError(f"num_perm={num_perm} must be a multiple of bands={bands}")
         self.threshold, self.bands, self.rows = threshold, bands, num_perm // bands
@@ -86,13 +99,14 @@ def near_duplicates(
     *,
     threshold: float,
     groups: Sequence[str] | None = None,
-    num_perm: int = 64,
-    bands: int = 16,
+    num_perm: int = 128,
+    bands: int | None = None,
 ) -> list[Duplicate]:
     """Items to drop: each is at least `threshold` Jaccard-similar to an earlier kept item of the same group.
 
-    LSH only proposes candidate pairs (pairs far below the threshold are never compared); the decision
-    is the exact Jaccard of the shingle sets, so a reported duplicate really is one.
+    LSH only proposes candidate pairs (pairs far below the threshold are never compared; bands are
+    chosen so a pair at the threshold is proposed with probability >= 0.995); the decision is the exact
+    Jaccard of the shingle sets, so a reported duplicate really is one.
     """
     index = NearDuplicateIndex(threshold, num_perm=num_perm, bands=bands)
     group_of = list(groups) if groups is not None else [""] * len(texts)

@@ -41,6 +41,9 @@ OCCUPATION_FIELDS: dict[str, frozenset[str]] = {
     "athlete": frozenset({"runner", "cyclist", "golfer", "tennis player", "sailor", "jockey"}),
     "health worker": frozenset({"physician", "nurse", "pharmacist"}),
 }  # fmt: skip
+DESCRIBE_WEIGHT = 3.0  # FUZZ picks name -> description this many times as often as any other blur
+# Asking the occupation of someone known for their works or wins gives it away ("the person who wrote X").
+_OCCUPATION_GIVEAWAYS = ("creator", "winner")
 _STOP_WORDS = {w.lower() for w in form_words()} | {"the", "of", "a", "an", "in", "to", "and"}
 _WORDS = re.compile(r"[a-z0-9]+")
 
@@ -244,7 +247,10 @@ class GraphBackend:
                 options.append(("describe", j))
         if not options:
             return None
-        kind, what = rng.choice(options)
+        # naming -> describing is what makes a question multi-hop, so it is the likeliest blur
+        kind, what = rng.choices(
+            options, weights=[DESCRIBE_WEIGHT if k == "describe" else 1.0 for k, _ in options]
+        )[0]
         if kind == "period":
             period = period_of(what.name, int(what.value))
             name = g.get(q.nodes[what.node].entity).name
@@ -312,6 +318,12 @@ class GraphBackend:
             return GateResult(False, f"{Renderer(g, q).noun_phrase(vacuous[0])!r} describes nothing")
         if _shares_word(after.question, after.answer):
             return GateResult(False, "a word of the answer appears in the question")
+        if q.ask == "occupation" and any(
+            e.relation in _OCCUPATION_GIVEAWAYS and not e.parent_is_subject for e in q.children(0)
+        ):
+            return GateResult(
+                False, "the question gives its answer away (an occupation implied by works or wins)"
+            )
         for s in after.statements:  # solvable from the recorded statements, each on its page
             page = self.world.page(s.url).contents
             if s.text not in page:
@@ -337,7 +349,7 @@ def text_problems(question: str, max_words: int) -> str:
         return "does not end with a question mark"
     if text.count("?") > 1:
         return "several questions in one (more than one '?')"
-    if re.search(r"[.!;]\s+[A-Z]", text):
+    if re.search(r"\b[a-z]\w{2,}[.!;]\s+[A-Z]", text):  # "... a city. Who ..." (not "J. R. Tolkien")
         return "several sentences in one question"
     if len(text.split()) > max_words:
         return f"{len(text.split())} words > max_words={max_words}"

@@ -1,9 +1,9 @@
 """The LLM backend: every operator and gate is a prompt to an OpenAI-compatible endpoint.
 
 Seeds are pages of a corpus (wiki10k, a world, any jsonl corpus); INJECT reads a page linked from the
-pages used so far. Replies are JSON objects (ask the server for JSON mode with `json_mode: true`
-when the model is small); a reply that cannot be used fails the quality gate with the reason, so the
-filter report shows how often the generator misbehaved. Uniqueness asks the judge whether any of
+pages used so far. Replies are JSON objects (have the server constrain them with `json_mode:
+json_schema` when the model is small); a reply that cannot be used fails the quality gate with the
+reason, so the filter report shows how often the generator misbehaved. Uniqueness asks the judge whether any of
 the solver's wrong answers also satisfies every statement: a check, not a proof, and the output
 says so (`uniqueness.method = "llm-candidates"`).
 """
@@ -20,7 +20,7 @@ from asearch.corpus.types import Page
 from asearch.metrics.judge import LLMJudge
 from asearch.metrics.normalize import normalize_answer
 from asearch.synth.backend import Draft, EditAction, GateResult, Seed
-from asearch.synth.config import GateConfig, LLMBackendConfig
+from asearch.synth.config import EndpointConfig, GateConfig, LLMBackendConfig
 from asearch.synth.graph_backend import text_problems
 from asearch.synth.records import Statement, Uniqueness
 from asearch.synth.solver import chat_client
@@ -30,9 +30,10 @@ from asearch.synth.solver import chat_client
 
 BASE_PROMPT = """[base] You write quiz questions from one web page.
 Pick one fact the page states and ask a simple question whose answer is a short name, date or number \
-from the page (at most a few words). Copy, word for word, the sentence of the page that states the fact.
+from the page (at most a few words). Copy, word for word, the sentence of the page that states the fact. \
+List other ways to write the same answer (a full name, a common short form), or none.
 Reply with one JSON object and nothing else:
-{"question": "...", "answer": "...", "statement": "..."}"""
+{"question": "...", "answer": "...", "statement": "...", "aliases": ["...", ...]}"""
 
 INJECT_PROMPT = """[inject] You make a quiz question harder by adding one fact from a linked page.
 You get the question, its answer, and a page about something related. Pick an entity mentioned in the \
@@ -66,6 +67,25 @@ answer. Decide whether the candidate also satisfies every condition in the quest
 second correct answer), as far as the statements and general knowledge tell.
 Reply with one JSON object and nothing else:
 {"satisfies": true or false, "reason": "one sentence"}"""
+
+QUALITY_SCHEMA = {k: {"type": "boolean"} for k in ("fluent", "single", "solvable", "answer_fits")} | {
+    "reason": {"type": "string"}
+}
+UNIQUE_SCHEMA = {"satisfies": {"type": "boolean"}, "reason": {"type": "string"}}
+JUDGE_SCHEMA = {
+    "rationale": {"type": "string"},
+    "judgement": {"type": "string", "enum": ["correct", "incorrect"]},
+}
+
+
+def _keys(*names: str) -> dict[str, Any]:
+    return {n: {"type": "string"} for n in names}
+
+
+BASE_SCHEMA = _keys("question", "answer", "statement") | {
+    "aliases": {"type": "array", "items": {"type": "string"}}
+}
+
 
 _LINK = re.compile(r"^- (?P<title>.+): (?P<url>\S+)$")
 
@@ -144,21 +164,9 @@ class LLMBackend:
         self.judge_client = (
             judge if judge is not None else (chat_client(cfg.judge) if cfg.judge else generator)
         )
-        judge_cfg = cfg.judge or cfg.generator
-        self._judge_sampling: dict[str, Any] = {"temperature": 0.0, "max_tokens": 256}
-        self._gen_sampling: dict[str, Any] = {"temperature": 0.7, "max_tokens": 256}
-        if cfg.generator is not None:
-            self._gen_sampling = {
-                "temperature": cfg.generator.temperature,
-                "max_tokens": cfg.generator.max_tokens,
-            }
-            if cfg.generator.json_mode:
-                self._gen_sampling["response_format"] = {"type": "json_object"}
-        if judge_cfg is not None:
-            self._judge_sampling = {"temperature": 0.0, "max_tokens": judge_cfg.max_tokens}
-            if judge_cfg.json_mode:
-                self._judge_sampling["response_format"] = {"type": "json_object"}
-        self.judge = LLMJudge(self.judge_client, sampling=dict(self._judge_sampling))
+        self.gen_cfg, self.judge_cfg = cfg.generator, cfg.judge or cfg.generator
+        judge_sampling = self._sampling(self.judge_cfg, JUDGE_SCHEMA, judge=True)
+        self.judge = LLMJudge(self.judge_client, sampling=judge_sampling)
         self._pages: dict[str, Page] | None = None
 
     def models(self) -> dict[str, str]:
@@ -168,6 +176,37 @@ class LLMBackend:
         await self.generator.aclose()
         if self.judge_client is not self.generator:
             await self.judge_client.aclose()
+
+    def _sampling(
+        self, endpoint: EndpointConfig | None, keys: dict[str, Any], *, judge: bool = False
+    ) -> dict:
+        """Sampling fields of one call: judges are greedy; JSON mode as the endpoint is configured."""
+        if endpoint is None:  # clients injected without config (tests): defaults
+            return {"temperature": 0.0 if judge else 0.7, "max_tokens": 256}
+        out: dict[str, Any] = {
+            "temperature": 0.0 if judge else endpoint.temperature,
+            "max_tokens": endpoint.max_tokens,
+        }
+        if endpoint.json_mode == "json_object":
+            out["response_format"] = {"type": "json_object"}
+        elif endpoint.json_mode == "json_schema":
+            schema = {
+                "type": "object",
+                "properties": keys,
+                "required": list(keys),
+                "additionalProperties": False,
+            }
+            out["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "reply", "schema": schema},
+            }
+        return out
+
+    def _gen(self, keys: dict[str, Any]) -> dict[str, Any]:
+        return self._sampling(self.gen_cfg, keys)
+
+    def _judging(self, keys: dict[str, Any]) -> dict[str, Any]:
+        return self._sampling(self.judge_cfg, keys, judge=True)
 
     # ---------------------------------------------------------------- pages
     def _all_pages(self) -> dict[str, Page]:
@@ -197,7 +236,7 @@ class LLMBackend:
         page = self.page(seed.url)
         if page is None:
             return None
-        reply = await self._ask(BASE_PROMPT, self._shown(page), self._gen_sampling)
+        reply = await self._ask(BASE_PROMPT, self._shown(page), self._gen(BASE_SCHEMA))
         obj = json_reply(reply, ("question", "answer", "statement"))
         if obj is None:
             return _broken(
@@ -216,8 +255,23 @@ class LLMBackend:
             answers=[answer or "?"],
             statements=[Statement(statement, page.url)],
             state={"urls": [page.url], "problem": problem},
+            paraphrases=self._aliases(obj.get("aliases"), answer),
             note=f"base from {page.url}",
         )
+
+    def _aliases(self, value: Any, answer: str) -> list[str]:
+        """The generator's other spellings of the answer: short strings, distinct, not the answer itself."""
+        if not isinstance(value, list):
+            return []
+        seen = {normalize_answer(answer)}
+        out: list[str] = []
+        for a in value:
+            text = str(a).strip()
+            key = normalize_answer(text)
+            if key and key not in seen and len(text.split()) <= self.cfg.max_answer_words:
+                seen.add(key)
+                out.append(text)
+        return out[: self.cfg.max_aliases]
 
     async def edit(self, draft: Draft, action: EditAction, rng: random.Random) -> Draft | None:
         return await (self._inject(draft, rng) if action == "inject" else self._fuzz(draft))
@@ -238,7 +292,7 @@ class LLMBackend:
         page = self.page(rng.choice(links))
         assert page is not None
         user = f"Question: {draft.question}\nAnswer: {draft.answer}\n\nLinked page:\n{self._shown(page)}"
-        reply = await self._ask(INJECT_PROMPT, user, self._gen_sampling)
+        reply = await self._ask(INJECT_PROMPT, user, self._gen(_keys("question", "statement")))
         obj = json_reply(reply, ("question", "statement"))
         if obj is None:
             return _broken(f"generator reply has no JSON with question and statement: {reply[:200]!r}", draft)
@@ -254,7 +308,7 @@ class LLMBackend:
 
     async def _fuzz(self, draft: Draft) -> Draft | None:
         user = f"Question: {draft.question}\nAnswer: {draft.answer}"
-        reply = await self._ask(FUZZ_PROMPT, user, self._gen_sampling)
+        reply = await self._ask(FUZZ_PROMPT, user, self._gen(_keys("question", "blurred")))
         obj = json_reply(reply, ("question",))
         if obj is None:
             return _broken(f"generator reply has no JSON with a question: {reply[:200]!r}", draft)
@@ -276,7 +330,7 @@ class LLMBackend:
             return GateResult(False, problem)
         if before is not None and normalize_answer(after.question) == normalize_answer(before.question):
             return GateResult(False, "the edit changed nothing")
-        if normalize_answer(after.answer) in normalize_answer(after.question):
+        if f" {normalize_answer(after.answer)} " in f" {normalize_answer(after.question)} ":
             return GateResult(False, "the answer appears in the question")
         for s in after.statements:
             page = self.page(s.url)
@@ -284,7 +338,7 @@ class LLMBackend:
                 return GateResult(False, f"statement not found on {s.url}: {s.text[:120]!r}")
         statements = "\n".join(f"- {s.text} (source: {s.url})" for s in after.statements)
         user = f"Question: {after.question}\nAnswer: {after.answer}\nStatements:\n{statements}"
-        reply = await self._ask(QUALITY_PROMPT, user, self._judge_sampling, self.judge_client)
+        reply = await self._ask(QUALITY_PROMPT, user, self._judging(QUALITY_SCHEMA), self.judge_client)
         obj = json_reply(reply, ("fluent", "single", "solvable", "answer_fits"))
         if obj is None:
             return GateResult(False, f"judge reply unusable: {reply[:120]!r}")
@@ -295,7 +349,8 @@ class LLMBackend:
 
     async def uniqueness(self, draft: Draft, wrong_answers: list[str]) -> Uniqueness:
         """Ask the judge, for each distinct wrong direct answer, whether it also fits every statement."""
-        candidates = [a for a in wrong_answers if normalize_answer(a) != normalize_answer(draft.answer)][:4]
+        golds = {normalize_answer(a) for a in (*draft.answers, *draft.paraphrases)}
+        candidates = [a for a in wrong_answers if normalize_answer(a) not in golds][: self.cfg.max_candidates]
         if not candidates:
             return Uniqueness("llm-candidates", False, True, "no wrong candidate answers to check")
         statements = "\n".join(f"- {s.text} (source: {s.url})" for s in draft.statements)
@@ -305,7 +360,7 @@ class LLMBackend:
                 f"Question: {draft.question}\nIntended answer: {draft.answer}\nStatements:\n{statements}\n"
                 f"Candidate answer: {c}"
             )
-            reply = await self._ask(UNIQUE_PROMPT, user, self._judge_sampling, self.judge_client)
+            reply = await self._ask(UNIQUE_PROMPT, user, self._judging(UNIQUE_SCHEMA), self.judge_client)
             obj = json_reply(reply, ("satisfies",))
             verdict = None if obj is None else as_bool(obj["satisfies"])
             if verdict is None:

@@ -388,19 +388,13 @@ class Renderer:
     def _clauses(self, node: int) -> list[str]:
         """Attribute clauses first, then relations ordered by how much they nest (the deepest last).
 
-        Two merges keep the text natural: a birth year joins a named birthplace ("was born in Velmo in
-        1983"), and relations with the same verb to named entities share it ("wrote X and Y").
+        Two merges keep the text natural: a birth year joins the birthplace ("was born in Velmo in
+        1983", "was born in the 1980s in the city that ..."), and relations with the same verb to named
+        entities share it ("wrote X and Y").
         """
         n = self.q.nodes[node]
         edges = sorted(self.q.children(node), key=lambda e: (self.q.depth(e.child), e.child))
-        born_in = next(
-            (
-                e
-                for e in edges
-                if e.relation == "born_in" and e.parent_is_subject and self.q.nodes[e.child].named
-            ),
-            None,
-        )
+        born_in = next((e for e in edges if e.relation == "born_in" and e.parent_is_subject), None)
         out: list[str] = []
         for a in self.q.attrs_of(node):
             if a.name == HEAD_ATTRIBUTES.get(n.type):
@@ -409,7 +403,10 @@ class Renderer:
                 out.append(_ATTR_CLAUSES["population"].format(n=how_many(a.value)))  # type: ignore[arg-type]
             elif a.name == "birth_year" and born_in is not None:
                 city = self.noun_phrase(born_in.child)
-                out.append(f"was born in {city} {when(a.value)}")  # type: ignore[arg-type]
+                if self.q.nodes[born_in.child].named:
+                    out.append(f"was born in {city} {when(a.value)}")  # type: ignore[arg-type]
+                else:  # the year first: a clause after "the city that ..." would attach to the city
+                    out.append(f"was born {when(a.value)} in {city}")  # type: ignore[arg-type]
                 edges.remove(born_in)
             else:
                 key = (a.name, n.type) if (a.name, n.type) in _ATTR_CLAUSES else a.name

@@ -226,6 +226,18 @@ def _structure(draft: Draft) -> dict[str, Any]:
 
 
 @dataclass(slots=True)
+class Progress:
+    """Where a run stands: seeds finished (on disk included), distinct questions so far, seeds that raised."""
+
+    target: int  # n_questions
+    seeds: int  # seeds available to the run
+    finished: int = 0
+    distinct: int = 0
+    attempted: int = 0  # seeds finished by this invocation
+    errors: int = 0  # seeds that raised in this invocation (retried by the next run)
+
+
+@dataclass(slots=True)
 class SynthSummary:
     out_dir: Path
     report: dict[str, Any]
@@ -261,7 +273,7 @@ def _check_same_run(out_dir: Path, cfg: SynthConfig) -> None:
 
 
 def read_attempts(path: str | Path) -> list[dict[str, Any]]:
-    """Every finished seed of a run (a line cut by a kill is ignored)."""
+    """Every object of a run's jsonl log: attempts (finished seeds) or errors (a line cut by a kill is ignored)."""
     path = Path(path)
     if not path.exists():
         return []
@@ -277,9 +289,12 @@ async def run_synthesis_async(
     grader: Grader | None = None,
     max_errors: int = 20,
     log: Callable[[str], None] = print,
-    on_attempt: Callable[[Attempt], None] | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
 ) -> SynthSummary:
-    """Run (or resume) synthesis into `out_dir`; parts not given are built from `cfg` (and closed here)."""
+    """Run (or resume) synthesis into `out_dir`; parts not given are built from `cfg` (and closed here).
+
+    `on_progress` is called once after the finished seeds on disk are counted, then after every seed.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     _check_same_run(out, cfg)
@@ -299,6 +314,7 @@ async def run_synthesis_async(
         owned.append(solver)
     if grader is None:
         grader = build_grader(cfg, backend)
+        owned.append(grader)
     synth = Synthesizer(backend, solver, grader, cfg)
 
     seeds = backend.seeds()[: cfg.max_seeds]
@@ -312,10 +328,12 @@ async def run_synthesis_async(
         f"synth: {len(seeds)} seeds, {len(done)} done ({distinct} distinct questions), "
         f"target {cfg.n_questions}, concurrency {cfg.concurrency} -> {out}"
     )
-    state = {"distinct": distinct, "attempted": 0, "errors": 0}
+    state = Progress(target=cfg.n_questions, seeds=len(seeds), finished=len(done), distinct=distinct)
+    if on_progress is not None:
+        on_progress(state)
 
     async def worker() -> None:
-        while state["distinct"] < cfg.n_questions and state["errors"] < max_errors:
+        while state.distinct < cfg.n_questions and state.errors < max_errors:
             seed = next(todo, None)
             if seed is None:
                 return
@@ -324,7 +342,7 @@ async def run_synthesis_async(
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # one bad seed or a flaky endpoint must not end the run
-                state["errors"] += 1
+                state.errors += 1
                 append_jsonl(
                     out / ERRORS_FILE,
                     {
@@ -333,13 +351,16 @@ async def run_synthesis_async(
                         "traceback": traceback.format_exc(),
                     },
                 )
+                if on_progress is not None:
+                    on_progress(state)
                 continue
             append_jsonl(attempts_path, attempt.to_dict())
-            state["attempted"] += 1
+            state.attempted += 1
+            state.finished += 1
             if attempt.question is not None and _is_new(dedup, cfg, seed.index, attempt.question.to_row()):
-                state["distinct"] += 1
-            if on_attempt is not None:
-                on_attempt(attempt)
+                state.distinct += 1
+            if on_progress is not None:
+                on_progress(state)
 
     try:
         await asyncio.gather(*(worker() for _ in range(cfg.concurrency)))
@@ -347,10 +368,10 @@ async def run_synthesis_async(
         for part in owned:
             await part.aclose()
     summary = finalize(out, cfg, models=synth.models())
-    summary.attempted_now, summary.resumed, summary.errors = state["attempted"], len(done), state["errors"]
-    if state["errors"] >= max_errors:
+    summary.attempted_now, summary.resumed, summary.errors = state.attempted, len(done), state.errors
+    if state.errors >= max_errors:
         raise AsearchError(
-            f"synthesis stopped after {state['errors']} failed seeds (see {out / ERRORS_FILE}); "
+            f"synthesis stopped after {state.errors} failed seeds (see {out / ERRORS_FILE}); "
             "fix the cause and rerun the same command to continue"
         )
     return summary
@@ -384,12 +405,13 @@ def finalize(out_dir: str | Path, cfg: SynthConfig, *, models: dict[str, str] | 
                  "kept_question": kept["question"], "similarity": round(dup.similarity, 3)}
             )  # fmt: skip
     write_jsonl(out / QUESTIONS_FILE, rows)
-    errors = (
-        sum(1 for _ in iter_jsonl(out / ERRORS_FILE, tolerate_torn_tail=True))
-        if (out / ERRORS_FILE).exists()
-        else 0
-    )
-    report = build_report(attempts, rows, duplicates, cfg, models=models or {}, errors_logged=errors)
+    errors = read_attempts(out / ERRORS_FILE)  # same log format: one object per line, torn tail ignored
+    finished = {a["seed"]["key"] for a in attempts}
+    unresolved = {e["seed"]["key"] for e in errors} - finished
+    report = build_report(
+        attempts, rows, duplicates, cfg, models=models or {}, errors_logged=len(errors),
+        errors_unresolved=len(unresolved),
+    )  # fmt: skip
     atomic_write_json(out / "filter_report.json", report)
     atomic_write_text(out / "filter_report.md", render_report(report))
     return SynthSummary(out, report, len(rows), 0, len(attempts), 0)
@@ -406,16 +428,17 @@ def build_backend(cfg: SynthConfig) -> SynthBackend:
 
 
 def build_grader(cfg: SynthConfig, backend: SynthBackend) -> Grader:
-    judge = None
-    if cfg.grading.method == "judge":
-        judge = getattr(backend, "judge", None)
-        if judge is None:
-            from asearch.metrics.judge import LLMJudge
-            from asearch.synth.solver import chat_client
+    """EM/F1 graders need nothing; a judge grader uses the backend's judge, or its own client to llm.judge."""
+    if cfg.grading.method != "judge":
+        return Grader(cfg.grading)
+    judge = getattr(backend, "judge", None)
+    if judge is not None:
+        return Grader(cfg.grading, judge)
+    from asearch.metrics.judge import LLMJudge
+    from asearch.synth.solver import chat_client
 
-            assert cfg.llm.judge is not None  # the config validator guarantees it
-            judge = LLMJudge(chat_client(cfg.llm.judge))
-    return Grader(cfg.grading, judge)
+    assert cfg.llm.judge is not None  # the config validator guarantees it
+    return Grader(cfg.grading, LLMJudge(chat_client(cfg.llm.judge)), owns_client=True)
 
 
 def run_synthesis(cfg: SynthConfig, out_dir: str | Path, **kwargs: Any) -> SynthSummary:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Sequence
 from statistics import mean
@@ -24,6 +25,7 @@ def build_report(
     *,
     models: dict[str, str],
     errors_logged: int = 0,
+    errors_unresolved: int = 0,
 ) -> dict[str, Any]:
     """Counts over every finished seed (`attempts`) and the written questions (`rows`)."""
     codes = Counter(a["reason_code"] for a in attempts)
@@ -60,7 +62,8 @@ def build_report(
             "finished": len(attempts),
             "accepted": codes["accepted"],
             "rejected": {code: codes[code] for code in REASONS},
-            "errors_logged": errors_logged,
+            "errors_logged": errors_logged,  # every raise on record, including seeds a rerun then finished
+            "errors_unresolved": errors_unresolved,  # seeds that raised and have not finished since
         },
         "questions": {
             "accepted": codes["accepted"],
@@ -104,9 +107,15 @@ def build_report(
 
 
 def _reason_kind(reason: str) -> str:
-    """Group free-text reasons by their stem ('63 words > max_words=60' -> 'words > max_words')."""
-    words = [w for w in reason.split() if not any(c.isdigit() for c in w) and not w.startswith(("'", '"'))]
-    return " ".join(words[:6]) or "(none)"
+    """Group free-text reasons by their stem: no quoted text, urls as <url>, numbers as N, at most 10 words.
+
+    '63 words > max_words=60' -> 'N words > max_words=N'.
+    """
+    stem = reason.split(": '")[0].split(' ("')[0]  # drop a quoted reply or statement at the end
+    stem = re.sub(r"\(.*?\)|'[^']*'?|\"[^\"]*\"?", "", stem)  # and any other quoted or bracketed text
+    stem = re.sub(r"https?://\S+", "<url>", stem)
+    stem = re.sub(r"\d[\d,.]*", "N", stem)
+    return " ".join(stem.split()[:10]) or "(none)"
 
 
 def _mean(xs: Sequence[float]) -> float | None:
@@ -134,7 +143,8 @@ def render_report(r: dict[str, Any]) -> str:
         f"| near-duplicates removed | {q['near_duplicates_removed']} |",
         f"| **written** | **{q['written']}** |",
         f"| uniqueness verified | {q['unique_verified']} ({_pct(q['unique_verified_share'])}) |",
-        f"| seeds that raised (retried on rerun) | {s['errors_logged']} |",
+        f"| seeds that raised and are not finished (retried on rerun) | {s['errors_unresolved']} |",
+        f"| errors logged (all runs) | {s['errors_logged']} |",
         "",
         "Rejected seeds:",
         "",

@@ -162,10 +162,15 @@ class DirectResult:
 class Grader:
     """Decides whether a direct answer is right: EM, F1 >= threshold, or an LLM judge."""
 
-    def __init__(self, cfg: GradingConfig, judge: Any = None):
+    def __init__(self, cfg: GradingConfig, judge: Any = None, *, owns_client: bool = False):
         if cfg.method == "judge" and judge is None:
             raise ValueError("grading.method='judge' needs a judge")
-        self.cfg, self.judge = cfg, judge
+        self.cfg, self.judge, self._owns_client = cfg, judge, owns_client
+
+    async def aclose(self) -> None:
+        """Close the judge's client when this grader made it (a backend's judge is closed by the backend)."""
+        if self._owns_client and self.judge is not None:
+            await self.judge.client.aclose()
 
     @property
     def name(self) -> str:

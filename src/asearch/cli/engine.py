@@ -1,0 +1,86 @@
+"""`asearch engine serve MODEL`: the in-process engine as an SGLang-protocol server (generation in its own process)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Literal
+
+import typer
+from rich.markup import escape
+from rich.panel import Panel
+
+from asearch.cli.console import console
+
+app = typer.Typer(help="Inference engines: serve a model to a trainer or an agent.", no_args_is_help=True)
+
+
+@app.command("serve")
+def serve(
+    model: Annotated[
+        str, typer.Argument(help="Model directory, Hugging Face name or alias (smollm2-135m-instruct).")
+    ],
+    host: Annotated[
+        str, typer.Option(help="Bind address; non-loopback exposes unauthenticated weight updates.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port (0 picks a free one).")] = 30000,
+    threads: Annotated[
+        int, typer.Option(min=1, help="torch threads of the decode thread (1 on a shared box).")
+    ] = 1,
+    max_batch: Annotated[
+        int, typer.Option(min=1, help="Requests decoded together; more wait in a queue.")
+    ] = 64,
+    max_seq_len: Annotated[int, typer.Option(min=2, help="Prompt + output tokens per request.")] = 2048,
+    dtype: Annotated[
+        Literal["float32", "bfloat16"], typer.Option(help="Weights, activations and KV cache.")
+    ] = "float32",
+    prefix_cache_mb: Annotated[
+        float, typer.Option(min=0, help="KV kept between turns (0 disables).")
+    ] = 256.0,
+    seed: Annotated[int, typer.Option(help="Seeds requests that carry no sampling_seed.")] = 0,
+    weight_version: Annotated[
+        str, typer.Option(help="Label of the initial weights (meta_info.weight_version).")
+    ] = "default",
+) -> None:
+    """Serve MODEL with the in-process engine behind SGLang's native API (/generate, /update_weights_from_disk, ...).
+
+    Talk to it with `asearch.engine.sglang.SGLangEngine(url)`; see docs/engines-remote.md.
+    """
+    import os
+
+    import torch
+
+    from asearch.engine.inprocess import InProcessEngineConfig
+    from asearch.engine.server import build_server, run_engine_server
+    from asearch.net import free_port, is_loopback
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    torch.set_num_threads(threads)
+    port = port or free_port(host)
+    cfg = InProcessEngineConfig(
+        threads=threads,
+        max_batch=max_batch,
+        max_seq_len=max_seq_len,
+        dtype=dtype,
+        prefix_cache_mb=prefix_cache_mb,
+        seed=seed,
+    )
+    with console.status(f"loading {escape(model)}"):
+        server = build_server(model, cfg=cfg, weight_version=weight_version)
+    if not is_loopback(host):
+        console.print(
+            Panel(
+                f"Binding to [bold]{escape(host)}[/bold]: the server has no authentication, so anyone who can "
+                "reach this machine can generate with the model and replace its weights from any path.\n"
+                "Use --host 127.0.0.1 (the default) unless other machines must connect.",
+                title="WARNING: not a loopback address",
+                border_style="red",
+            )
+        )
+    url = f"http://{host}:{port}"
+    console.print(
+        f"[bold green]asearch engine server[/bold green] (SGLang protocol) at [bold]{escape(url)}[/bold]: "
+        f"{escape(model)}, {threads} thread(s), max_batch {max_batch}, weight_version {escape(weight_version)}",
+        soft_wrap=True,
+    )
+    run_engine_server(server, host=host, port=port)

@@ -1,0 +1,538 @@
+"""An inference server for `InProcessEngine` that speaks SGLang's native protocol (the subset RL needs).
+
+`asearch engine serve MODEL` (or `launch_engine_server`) runs the in-process engine in its own process
+behind the endpoints `asearch.engine.sglang.SGLangEngine` uses, so a trainer talks to it exactly as it
+would to an SGLang server: generation and training run in different processes, on different cores, and
+weights travel through disk (`/update_weights_from_disk`).
+
+    POST /generate                  {input_ids | text, sampling_params, return_logprob, rid}
+    POST /pause_generation          {mode: abort | in_place | retract}
+    POST /continue_generation
+    POST /update_weights_from_disk  {model_path, weight_version?, abort_all_requests?}
+    POST /flush_cache  GET /health  GET /get_model_info  GET /get_server_info
+
+Versions stay exact: no response ever spans two weight versions. An update first empties the engine
+(running requests are aborted and return the tokens they have, or finish, see `update_weights_from_disk`)
+and holds new requests until the new weights are loaded, so every token of a response was sampled under
+the `meta_info.weight_version` it reports. The client resends aborted requests with their tokens so far.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from asearch.engine.supervisor import ServerSupervisor, SupervisorConfig
+from asearch.engine.types import GenerateRequest, GenerateResponse, SamplingParams
+
+if TYPE_CHECKING:
+    from asearch.engine.inprocess import InProcessEngine, InProcessEngineConfig
+
+log = logging.getLogger(__name__)
+
+PAUSE_MODES = ("abort", "in_place", "retract")
+
+
+class PrefixIndex:
+    """Finds which finished request a new prompt continues, so its KV cache can be reused.
+
+    SGLang requests carry no trajectory id; SGLang's radix cache matches prefixes instead. This index
+    does the same for the engine's per-trajectory prefix cache: every finished request is remembered by
+    (length, hash) of the tokens the engine keeps (prompt + output minus the last token), and a new
+    prompt looks up the longest of them that it starts with. A hash collision costs nothing but a miss:
+    the engine compares the actual tokens before it reuses any KV.
+    """
+
+    _MOD = (1 << 61) - 1
+    _BASE = 1_000_003
+
+    def __init__(self, max_entries: int = 8192):
+        self.max_entries = max_entries
+        self._by_key: dict[tuple[int, int], str] = {}
+        self._by_id: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        self._lengths: dict[int, int] = {}  # stored length -> how many entries have it
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def lookup(self, tokens: Sequence[int]) -> str | None:
+        """The id of the longest stored sequence that `tokens` starts with, if any."""
+        if not self._lengths:
+            return None
+        best: str | None = None
+        h, mod, base, lengths, keys = 0, self._MOD, self._BASE, self._lengths, self._by_key
+        longest = max(lengths)
+        for i, t in enumerate(tokens, 1):
+            if i > longest:
+                break
+            h = (h * base + t + 1) % mod
+            if i in lengths:
+                best = keys.get((i, h), best)
+        return best
+
+    def store(self, key_id: str, tokens: Sequence[int]) -> None:
+        self.drop(key_id)
+        if not tokens:
+            return
+        h = 0
+        for t in tokens:
+            h = (h * self._BASE + t + 1) % self._MOD
+        key = (len(tokens), h)
+        old = self._by_key.get(key)
+        if old is not None:
+            self.drop(old)
+        self._by_key[key] = key_id
+        self._by_id[key_id] = key
+        self._lengths[key[0]] = self._lengths.get(key[0], 0) + 1
+        while len(self._by_id) > self.max_entries:
+            self.drop(next(iter(self._by_id)))
+
+    def drop(self, key_id: str) -> None:
+        key = self._by_id.pop(key_id, None)
+        if key is None:
+            return
+        del self._by_key[key]
+        self._lengths[key[0]] -= 1
+        if not self._lengths[key[0]]:
+            del self._lengths[key[0]]
+
+    def clear(self) -> None:
+        self._by_key.clear()
+        self._by_id.clear()
+        self._lengths.clear()
+
+
+class BadRequest(ValueError):
+    """A request the server refuses with HTTP 400."""
+
+
+class EngineServer:
+    """The state behind the HTTP app: the engine, the pause/update gate and the weight-version label."""
+
+    def __init__(
+        self,
+        engine: InProcessEngine,
+        *,
+        model_path: str = "",
+        weight_version: str = "default",
+        eos_token_ids: Sequence[int] = (),
+    ):
+        self.engine = engine
+        self.model_path = model_path
+        self.weight_version = weight_version
+        self.eos_token_ids = [int(t) for t in eos_token_ids]
+        self.paused: str | None = None  # None or the /pause_generation mode
+        self.updating = False
+        self.prefix = PrefixIndex()
+        self.started = time.time()
+        self.counts = {"requests": 0, "aborted_by_pause": 0, "aborted_by_update": 0, "weight_updates": 0}
+        self._gate = asyncio.Event()  # set: new requests may enter the engine
+        self._gate.set()
+        self._inflight = 0  # requests inside the engine
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._live: set[str] = set()  # prefix-cache ids of requests inside the engine
+        self._next_id = 0
+        self._update_lock = asyncio.Lock()
+
+    # ------------------------------------------------------------------ generation
+
+    async def generate(self, body: Mapping[str, Any]) -> dict[str, Any] | list[dict[str, Any]]:
+        if body.get("stream"):
+            raise BadRequest("stream=true is not supported: send stream=false")
+        ids = body.get("input_ids")
+        if ids is None and body.get("text") is not None:
+            tok = self.engine.tokenizer
+            if tok is None:
+                raise BadRequest("this server has no tokenizer: send input_ids")
+            texts = body["text"]
+            ids = [tok.encode(t) for t in texts] if isinstance(texts, list) else tok.encode(texts)
+        if ids is None:
+            raise BadRequest("a /generate request needs input_ids or text")
+        if ids and isinstance(ids[0], list):  # a batch: answer a list, like SGLang
+            sps = body.get("sampling_params") or {}
+            rids = body.get("rid")
+            rids = rids if isinstance(rids, list) and len(rids) == len(ids) else [None] * len(ids)
+            return list(
+                await asyncio.gather(
+                    *(
+                        self._generate_one(p, sps[i] if isinstance(sps, list) else sps, rids[i], body)
+                        for i, p in enumerate(ids)
+                    )
+                )
+            )
+        return await self._generate_one(ids, body.get("sampling_params") or {}, body.get("rid"), body)
+
+    async def _generate_one(
+        self, ids: Any, sp: Mapping[str, Any], rid: str | None, body: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        sampling, no_stop_trim = self._sampling(sp)
+        rid = rid or f"req-{self._new_id()}"
+        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+            raise BadRequest("input_ids must be a list of integers")
+        self.counts["requests"] += 1
+        while not self._gate.is_set():  # paused or updating: wait, like SGLang's is_pause_cond
+            await self._gate.wait()
+        # From here to the engine's queue there is no await: a pause or an update that starts later
+        # sees this request in flight (and aborts or drains it); one that started earlier held it above.
+        key = self.prefix.lookup(ids)
+        if key is None or key in self._live:
+            key = f"s{self._new_id()}"
+        label = self.weight_version
+        self._live.add(key)
+        self._inflight += 1
+        self._idle.clear()
+        t0 = time.perf_counter()
+        try:
+            resp = await self.engine.generate(
+                GenerateRequest(input_ids=ids, sampling=sampling, trajectory_id=key)
+            )
+        except ValueError as e:
+            raise BadRequest(str(e)) from e
+        finally:
+            self._live.discard(key)
+            self._inflight -= 1
+            if not self._inflight:
+                self._idle.set()
+        if resp.stop_reason != "abort" and resp.output_ids:
+            self.prefix.store(key, [*ids, *resp.output_ids][:-1])
+        if len(set(resp.output_versions)) > 1:  # cannot happen: updates empty the engine first
+            log.error("request %s spans weight versions %s", rid, sorted(set(resp.output_versions)))
+        return self._answer(rid, resp, sampling, no_stop_trim, label, body, time.perf_counter() - t0)
+
+    def _sampling(self, sp: Mapping[str, Any]) -> tuple[SamplingParams, bool]:
+        try:
+            top_k = int(sp.get("top_k", -1))
+            stop = sp.get("stop") or []
+            stop = [stop] if isinstance(stop, str) else [str(s) for s in stop]
+            stop_ids = [int(t) for t in (sp.get("stop_token_ids") or [])]
+            if not sp.get("ignore_eos", False):
+                stop_ids += [t for t in self.eos_token_ids if t not in stop_ids]
+            if float(sp.get("min_p", 0.0) or 0.0) > 0:
+                raise BadRequest("min_p is not supported")
+            for penalty in ("frequency_penalty", "presence_penalty"):
+                if float(sp.get(penalty, 0.0) or 0.0) != 0.0:
+                    raise BadRequest(f"{penalty} is not supported")
+            if float(sp.get("repetition_penalty", 1.0) or 1.0) != 1.0:
+                raise BadRequest("repetition_penalty is not supported")
+            seed = sp.get("sampling_seed")
+            params = SamplingParams(
+                temperature=float(sp.get("temperature", 1.0)),
+                top_p=float(sp.get("top_p", 1.0)),
+                top_k=0 if top_k < 0 else top_k,  # SGLang: -1 disables
+                max_new_tokens=int(sp.get("max_new_tokens", 128)),
+                stop=stop,
+                stop_token_ids=stop_ids,
+                seed=None if seed is None else int(seed),
+            )
+        except (TypeError, ValueError) as e:
+            if isinstance(e, BadRequest):
+                raise
+            raise BadRequest(f"bad sampling_params: {e}") from e
+        return params, bool(sp.get("no_stop_trim", False))
+
+    def _answer(
+        self,
+        rid: str,
+        resp: GenerateResponse,
+        sampling: SamplingParams,
+        no_stop_trim: bool,
+        label: str,
+        body: Mapping[str, Any],
+        latency: float,
+    ) -> dict[str, Any]:
+        text = resp.text
+        finish: dict[str, Any]
+        if resp.stop_reason == "stop":
+            last = resp.output_ids[-1] if resp.output_ids else None
+            if last is not None and last in sampling.stop_token_ids:
+                finish = {"type": "stop", "matched": last}
+            else:
+                hit = min((s for s in sampling.stop if s in text), key=lambda s: text.index(s), default=None)
+                finish = {"type": "stop", "matched": hit}
+                if hit is not None and not no_stop_trim:
+                    text = text[: text.index(hit)]
+        elif resp.stop_reason == "length":
+            finish = {"type": "length", "length": len(resp.output_ids)}
+        else:
+            finish = {"type": "abort", "message": "Abort before sampling", "status_code": None}
+        meta: dict[str, Any] = {
+            "id": rid,
+            "finish_reason": finish,
+            "prompt_tokens": resp.input_len,
+            "completion_tokens": len(resp.output_ids),
+            "cached_tokens": resp.usage.get("cached_prompt_tokens", 0),
+            "weight_version": label,
+            "e2e_latency": latency,
+        }
+        if body.get("return_logprob"):
+            meta["output_token_logprobs"] = [
+                [lp, t, None] for lp, t in zip(resp.output_logprobs, resp.output_ids, strict=True)
+            ]
+        return {"text": text, "output_ids": list(resp.output_ids), "meta_info": meta}
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    # ------------------------------------------------------------------ control
+
+    async def pause(self, mode: str) -> None:
+        """Hold new requests. abort: end running ones now (they return what they have) and return once
+        none runs; in_place / retract: freeze them where they are (the engine keeps their KV)."""
+        if mode not in PAUSE_MODES:
+            raise BadRequest(f"unknown pause mode {mode!r}; one of {', '.join(PAUSE_MODES)}")
+        self.paused = mode
+        self._gate.clear()
+        if mode == "abort":
+            await self.engine.resume()  # a frozen request must not outlive an abort-mode pause
+            self.counts["aborted_by_pause"] += await self.engine.abort_all()
+            await self._idle.wait()
+        else:
+            await self.engine.pause()
+
+    async def resume(self) -> None:
+        self.paused = None
+        await self.engine.resume()
+        if not self.updating:
+            self._gate.set()
+
+    async def update_weights(self, body: Mapping[str, Any]) -> tuple[bool, str]:
+        """Load a safetensors directory. Requests running when it arrives are aborted when
+        `abort_all_requests` is set or the server is paused (they could not finish); otherwise the update
+        waits until they finish. New requests wait until it is done. Either way no response mixes versions."""
+        path = body.get("model_path")
+        if not path:
+            raise BadRequest("update_weights_from_disk needs model_path")
+        async with self._update_lock:
+            self.updating = True
+            self._gate.clear()
+            try:
+                if body.get("abort_all_requests") or self.paused:
+                    self.counts["aborted_by_update"] += await self.engine.abort_all()
+                await self._idle.wait()
+                try:
+                    await self.engine.update_weights(str(path), self.engine.version + 1)
+                except Exception as e:  # noqa: BLE001 - reported to the client, as SGLang does
+                    log.warning("update_weights_from_disk %s failed: %s", path, e)
+                    return False, f"Failed to update weights: {type(e).__name__}: {e}"
+                self.prefix.clear()  # the engine dropped its prefix cache with the old weights
+                if body.get("weight_version") is not None:
+                    self.weight_version = str(body["weight_version"])
+                self.model_path = str(path)
+                self.counts["weight_updates"] += 1
+                return True, "Succeeded to update model weights."
+            finally:
+                self.updating = False
+                if not self.paused:
+                    self._gate.set()
+
+    async def flush_cache(self) -> None:
+        await self.engine.flush_cache()
+        self.prefix.clear()
+
+    def model_info(self) -> dict[str, Any]:
+        return {
+            "model_path": self.model_path,
+            "tokenizer_path": self.model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": self.weight_version,
+        }
+
+    def server_info(self) -> dict[str, Any]:
+        stats = self.engine.stats()
+        return {
+            **self.model_info(),
+            "engine": "asearch.engine.inprocess.InProcessEngine",
+            "engine_config": self.engine.cfg.model_dump(),
+            "paused": self.paused,
+            "inflight": self._inflight,
+            "uptime_s": time.time() - self.started,
+            "process_cpu_s": time.process_time(),
+            **self.counts,
+            "internal_states": [stats],
+        }
+
+
+def create_app(server: EngineServer) -> FastAPI:
+    """The FastAPI app over `server` (SGLang's endpoint names, bodies and answers)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await server.engine.close()
+
+    app = FastAPI(title="asearch engine server (SGLang protocol)", lifespan=lifespan)
+    app.state.server = server
+
+    async def body_of(request: Request) -> dict[str, Any]:
+        raw = await request.body()
+        if not raw:
+            return {}
+        data = await request.json()
+        if not isinstance(data, dict):
+            raise BadRequest("the request body must be a JSON object")
+        return data
+
+    @app.exception_handler(BadRequest)
+    async def _bad(_request: Request, err: BadRequest) -> JSONResponse:
+        return JSONResponse({"error": {"message": str(err)}}, status_code=400)
+
+    @app.post("/generate")
+    async def generate(request: Request) -> JSONResponse:
+        return JSONResponse(await server.generate(await body_of(request)))
+
+    @app.post("/pause_generation")
+    async def pause_generation(request: Request) -> JSONResponse:
+        await server.pause(str((await body_of(request)).get("mode", "abort")))
+        return JSONResponse({})
+
+    @app.post("/continue_generation")
+    async def continue_generation() -> JSONResponse:
+        await server.resume()
+        return JSONResponse({})
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(request: Request) -> JSONResponse:
+        ok, message = await server.update_weights(await body_of(request))
+        return JSONResponse({"success": ok, "message": message}, status_code=200 if ok else 400)
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> JSONResponse:
+        await server.flush_cache()
+        return JSONResponse({})
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        return JSONResponse({})
+
+    @app.get("/get_model_info")
+    async def get_model_info() -> JSONResponse:
+        return JSONResponse(server.model_info())
+
+    @app.get("/get_server_info")
+    async def get_server_info() -> JSONResponse:
+        return JSONResponse(server.server_info())
+
+    return app
+
+
+def build_server(
+    model: str | os.PathLike[str],
+    *,
+    cfg: InProcessEngineConfig | None = None,
+    weight_version: str = "default",
+) -> EngineServer:
+    """Load `model` (a directory, HF name or built-in alias) into an `InProcessEngine` and wrap it."""
+    from asearch.engine.inprocess import InProcessEngine
+
+    engine = InProcessEngine.from_pretrained(model, cfg=cfg)
+    eos = getattr(engine.tokenizer, "eos_token_id", None)
+    return EngineServer(
+        engine,
+        model_path=str(model),
+        weight_version=weight_version,
+        eos_token_ids=[] if eos is None else [eos],
+    )
+
+
+def run_engine_server(server: EngineServer, *, host: str = "127.0.0.1", port: int = 30000) -> None:
+    """Serve until interrupted (uvicorn, one worker: the engine lives in this process)."""
+    import uvicorn
+
+    # Keep idle connections open long enough to outlast a training step: a client that reuses one the
+    # server has just closed gets a ReadError (retried, but noisy) on its next /generate.
+    uvicorn.run(
+        create_app(server),
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        timeout_keep_alive=600,
+    )
+
+
+def engine_server_command(
+    model: str | os.PathLike[str],
+    *,
+    port: int,
+    host: str = "127.0.0.1",
+    threads: int = 1,
+    python: str | None = None,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """The `asearch engine serve` command line, run with this interpreter (no console script needed)."""
+    return [
+        python or sys.executable,
+        "-m",
+        "asearch",
+        "engine",
+        "serve",
+        str(model),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--threads",
+        str(threads),
+        *extra_args,
+    ]
+
+
+def launch_engine_server(
+    model: str | os.PathLike[str],
+    *,
+    log_path: str | os.PathLike[str],
+    port: int | None = None,
+    threads: int = 1,
+    max_batch: int | None = None,
+    max_seq_len: int | None = None,
+    seed: int | None = None,
+    weight_version: str | None = None,
+    extra_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    cfg: SupervisorConfig | None = None,
+) -> tuple[ServerSupervisor, str]:
+    """Start `asearch engine serve MODEL` as a supervised subprocess on 127.0.0.1, wait for /health.
+
+    Returns (supervisor, base_url); talk to it with `SGLangEngine(base_url)`, stop it with `sup.stop()`.
+    The child gets OMP_NUM_THREADS=threads so its torch pool matches --threads.
+    """
+    from asearch.net import free_port
+
+    port = port or free_port()
+    args = list(extra_args)
+    for flag, value in (
+        ("--max-batch", max_batch),
+        ("--max-seq-len", max_seq_len),
+        ("--seed", seed),
+        ("--weight-version", weight_version),
+    ):
+        if value is not None:
+            args += [flag, str(value)]
+    sup = ServerSupervisor(
+        engine_server_command(model, port=port, threads=threads, extra_args=args),
+        f"http://127.0.0.1:{port}/health",
+        log_path=log_path,
+        env={
+            "OMP_NUM_THREADS": str(threads),
+            "MKL_NUM_THREADS": str(threads),
+            "TOKENIZERS_PARALLELISM": "false",
+            **(env or {}),
+        },
+        cfg=cfg or SupervisorConfig(health_timeout_s=180),
+        name=f"engine:{port}",
+    )
+    sup.start()
+    return sup, f"http://127.0.0.1:{port}"

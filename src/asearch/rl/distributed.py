@@ -1,0 +1,299 @@
+"""Data-parallel policy training with FSDP2: the same PPO step as `PolicyTrainer`, over N processes.
+
+    torchrun --nproc-per-node N -m asearch.rl.distributed --model DIR --steps 3 --out OUT
+
+Every process gets the same batch of samples (rank 0's, via `broadcast_samples`). Each minibatch is
+split across ranks by token count; a rank computes the decoupled PPO loss of its share, normalised by
+the loss-mask tokens of the *whole* minibatch (all-reduced), and FSDP sums (not averages) the gradients,
+so the update equals the single-process one. Parameters, gradients and AdamW state are sharded
+(`torch.distributed.fsdp.fully_shard` on every decoder layer, then the root); on GPU the forward and
+backward run in bf16 with fp32 master weights and fp32 gradient reduction.
+
+`PolicyTrainer.train_step` is the one PPO step; this module overrides its hooks: which samples a rank
+computes (`_shard`), equal micro-batch counts on every rank (`_micro_batches`: a rank out of samples
+runs a zero-loss stand-in, because every forward and backward joins collectives), sums over ranks
+(`_all_sum`) and the global grad norm of sharded gradients (`_clip_grad_norm`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from asearch.net import free_port
+from asearch.rl.trainer import PolicyTrainer, Sample, TrainerConfig, write_hf_dir
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(backend: str | None = None) -> DistEnv:
+    """Join (or create) the default process group from torchrun's environment variables.
+
+    RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; without them, a group of one process on a
+    free local port. Backend: NCCL when CUDA is available (one GPU per process, cuda:LOCAL_RANK), else
+    gloo on CPU.
+    """
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
+    if world_size == 1:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+    missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
+    if missing:
+        raise RuntimeError(f"WORLD_SIZE={world_size} but {', '.join(missing)} unset: launch with torchrun")
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group(backend, rank=rank, world_size=world_size, init_method="env://")
+    return DistEnv(rank, world_size, local_rank, device)
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks of a Hugging Face causal LM (its `_no_split_modules` classes)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(
+            f"{type(model).__name__}: no decoder layers found (_no_split_modules={names or None})"
+        )
+    return layers
+
+
+def shard_model(model: torch.nn.Module, env: DistEnv, *, bf16: bool | None = None) -> torch.nn.Module:
+    """FSDP2 in place: each decoder layer is one unit, the root (embeddings, final norm, LM head) another.
+
+    `bf16` (default: on GPU) computes in bfloat16 and reduces gradients in float32; the parameters the
+    optimizer updates stay float32. Gradients are summed over ranks, not averaged: the PPO loss is
+    already normalised by the global token count.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    bf16 = env.device.type == "cuda" if bf16 is None else bf16
+    mesh = init_device_mesh(env.device.type, (env.world_size,))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
+    kwargs: dict[str, Any] = {"mesh": mesh} | ({"mp_policy": mp} if mp else {})
+    model.to(env.device)
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has neither AVG nor PREMUL_SUM
+    return model
+
+
+class DistributedPolicyTrainer(PolicyTrainer):
+    """`PolicyTrainer` over every process of the default group; construct it on every rank (after
+    `init_distributed`) and call every method on every rank with the same arguments."""
+
+    def __init__(
+        self,
+        model: Any,
+        cfg: TrainerConfig,
+        *,
+        env: DistEnv | None = None,
+        bf16: bool | None = None,
+        temperature: float = 1.0,
+        total_steps: int = 1,
+    ):
+        self.env = env or init_distributed()
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable()  # before sharding, so FSDP wraps the checkpointed layers
+        shard_model(model, self.env, bf16=bf16)
+        super().__init__(model, cfg, temperature=temperature, total_steps=total_steps)
+
+    # ---- the PolicyTrainer hooks
+
+    def _shard(self, samples: Sequence[Sample], idx: list[int]) -> list[int]:
+        """Longest first, each sample to the rank with the fewest tokens so far (same answer on every rank)."""
+        load = [0] * self.env.world_size
+        mine = set()
+        for i in sorted(idx, key=lambda i: (-len(samples[i].token_ids), i)):
+            r = min(range(len(load)), key=lambda r: (load[r], r))
+            load[r] += len(samples[i].token_ids)
+            if r == self.env.rank:
+                mine.add(i)
+        return [i for i in idx if i in mine]
+
+    def _micro_batches(self, samples: Sequence[Sample], idx: list[int]) -> list[list[int]]:
+        batches = super()._micro_batches(samples, idx)
+        n = torch.tensor([len(batches)], dtype=torch.int64, device=self._comm_device)
+        dist.all_reduce(n, op=dist.ReduceOp.MAX)
+        return batches + [[] for _ in range(int(n.item()) - len(batches))]
+
+    def _all_sum(self, values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=self._comm_device)
+        dist.all_reduce(t)
+        return t.tolist()
+
+    @torch.no_grad()
+    def _clip_grad_norm(self) -> float:
+        """The norm of the whole gradient from the squared norms of every rank's disjoint shards."""
+        from torch.distributed.tensor import DTensor
+
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+        sq = torch.zeros((), dtype=torch.float64, device=self.env.device)
+        for g in local:
+            sq += g.double().pow(2).sum()
+        dist.all_reduce(sq)
+        norm = sq.sqrt()
+        coef = (self.cfg.optim.grad_clip / (norm + 1e-6)).clamp(max=1.0)
+        for g in local:
+            g.mul_(coef.to(g.dtype))
+        return float(norm)
+
+    @property
+    def _comm_device(self) -> torch.device:
+        return self.env.device  # gloo: CPU tensors; NCCL: CUDA tensors
+
+    # ---- weights and checkpoints (collective: call on every rank)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The unsharded model state dict on CPU, on rank 0 ({} elsewhere)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(self.model, options=opts)
+
+    def save_hf(self, directory: str | os.PathLike[str], tokenizer: Any = None) -> Path:
+        """Rank 0 writes the full model as a Hugging Face directory; every rank returns once it is there."""
+        state = self.full_state_dict()
+        if self.env.is_main:
+            write_hf_dir(self.model, directory, tokenizer=tokenizer, state_dict=state)
+        dist.barrier()
+        return Path(directory)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Full (unsharded) model and optimizer state on rank 0, independent of the world size."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=opts)
+        _clone_scalars(optim_sd.get("state", {}))  # the live 'step' counters otherwise
+        return {
+            "model": model_sd,
+            "optimizer": optim_sd,
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+            "rng": self.rng.getstate(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """`state` from `state_dict()` (on rank 0; other ranks may pass the same or the scalars only)."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=True)
+        main = self.env.is_main
+        # two calls: set_state_dict takes an empty model dict (the other ranks') for "optimizer only"
+        set_model_state_dict(self.model, state["model"] if main else {}, options=opts)
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"] if main else {}, options=opts)
+        _clone_scalars(self.optimizer.state)  # rank 0 got the caller's 'step' tensors, not copies
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = state["step"]
+        self.rng.setstate(state["rng"])
+
+
+def _clone_scalars(optim_state: dict) -> None:
+    for st in optim_state.values():
+        for k, v in st.items():
+            if torch.is_tensor(v) and v.dim() == 0:
+                st[k] = v.clone()
+
+
+def broadcast_samples(samples: Sequence[Sample] | None, env: DistEnv, src: int = 0) -> list[Sample]:
+    """Rank `src`'s batch on every rank (the others pass None)."""
+    box = [list(samples) if env.rank == src else None]
+    dist.broadcast_object_list(box, src=src, device=env.device if env.device.type == "cuda" else None)
+    return box[0]
+
+
+# ---------------------------------------------------------------------------- launcher smoke run
+
+
+def _random_samples(vocab: int, n: int, longest: int, seed: int) -> list[Sample]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        length = int(torch.randint(longest // 4, longest + 1, (1,), generator=g))
+        ids = torch.randint(0, vocab, (length,), generator=g).tolist()
+        mask = [0] * (length // 4) + [1] * (length - length // 4)
+        behav = (-torch.rand(length, generator=g) * 5).tolist()
+        out.append(Sample(ids, mask, behav, [0] * length, advantage=1.0 if i % 2 else -1.0))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Train a model on random samples for a few steps on every rank; print timings; save the result."""
+    ap = argparse.ArgumentParser(prog="torchrun --nproc-per-node N -m asearch.rl.distributed")
+    ap.add_argument("--model", required=True, help="HF directory or name (see asearch.models.loading)")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--samples", type=int, default=16, help="sequences per step")
+    ap.add_argument("--seq-len", type=int, default=512, help="longest sequence")
+    ap.add_argument("--token-budget", type=int, default=16384)
+    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None, help="default: on GPU")
+    ap.add_argument("--gradient-checkpointing", action="store_true")
+    ap.add_argument("--out", help="write the trained model here (HF directory)")
+    args = ap.parse_args(argv)
+
+    from asearch.models.loading import load_model, load_tokenizer
+
+    env = init_distributed()
+    torch.manual_seed(0)
+    model = load_model(args.model)
+    tokenizer = load_tokenizer(args.model)
+    cfg = TrainerConfig(token_budget=args.token_budget, gradient_checkpointing=args.gradient_checkpointing)
+    trainer = DistributedPolicyTrainer(model, cfg, env=env, bf16=args.bf16, total_steps=args.steps)
+    batch = _random_samples(model.config.vocab_size, args.samples, args.seq_len, 0) if env.is_main else None
+    samples = broadcast_samples(batch, env)
+    for step in range(args.steps):
+        t0 = time.perf_counter()
+        stats = trainer.train_step(samples, policy_version=step)
+        if env.device.type == "cuda":
+            torch.cuda.synchronize()
+        took = time.perf_counter() - t0
+        if env.is_main:
+            print(
+                f"step {step}: {took:.2f}s  {stats['perf/train_tokens'] / took:,.0f} tokens/s  "
+                f"loss {stats['loss/policy']:+.4f}  grad_norm {stats['perf/grad_norm']:.3f}  "
+                f"world {env.world_size}  {env.device.type}",
+                flush=True,
+            )
+    if args.out:
+        trainer.save_hf(args.out, tokenizer)
+        if env.is_main:
+            print(f"saved {args.out}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":  # pragma: no cover - exercised through torchrun
+    main()
