@@ -8,8 +8,9 @@ returning SearchHits with passages read from the store.
     .venv/bin/python bench/retrieval.py --sizes 20000            # quick look, < 1 min
     .venv/bin/python bench/retrieval.py                          # full run: 100k and 1M passages
 
-Server end-to-end QPS (32 concurrent HTTP clients vs in-process search) is measured by the server's own bench;
-see SERVER_BENCH_HOOK below.
+The same run ends with the retrieval server's end-to-end QPS: 32 concurrent HTTP clients against `asearch serve`
+(micro-batching on and off) beside in-process search on the same index (bench/server.py; `--server-passages 0`
+skips it).
 """
 
 from __future__ import annotations
@@ -41,11 +42,6 @@ FUNCTION_WORDS = (
     "well down should because each just those people how too little state good very make world still own see "
     "men work long get here between both life being under never day same another know while last"
 ).split()
-
-# Hook for the retrieval server's end-to-end numbers (32 concurrent clients vs in-process search). The server
-# owner's bench fills this in; this script only measures engines in-process.
-SERVER_BENCH_HOOK = "bench/server.py"
-
 
 # --------------------------------------------------------------------------- synthetic data
 
@@ -489,6 +485,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench/results/retrieval.md")
     p.add_argument("--tmp", default=None, help="scratch dir (default: a temp dir)")
+    p.add_argument("--server-passages", type=int, default=100_000, help="index size of the server part (0: skip)")
+    p.add_argument("--server-clients", type=int, default=32)
     # worker-only flags
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--engine", help=argparse.SUPPRESS)
@@ -515,7 +513,15 @@ def main() -> None:
     finally:
         if not args.tmp:
             shutil.rmtree(tmp, ignore_errors=True)
-    table = render(rows, args) + f"\nTotal bench wall time {time.perf_counter() - t0:.0f}s."
+    table = render(rows, args)
+    if args.server_passages:
+        from server import run as server_run  # bench/server.py, beside this file
+
+        print(f"[server] {args.server_passages:,} passages, {args.server_clients} clients", file=sys.stderr, flush=True)
+        table += "\n\n## Retrieval server, end to end\n\n" + server_run(
+            args.server_passages, args.queries, args.server_clients
+        )
+    table += f"\nTotal bench wall time {time.perf_counter() - t0:.0f}s."
     print(table)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

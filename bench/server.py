@@ -122,6 +122,42 @@ def served(
         proc.wait(timeout=30)
 
 
+def run(passages: int, queries_n: int, clients: int, method: str = "bm25") -> str:
+    """The whole measurement; returns the table (markdown) and the ratio lines."""
+    with tempfile.TemporaryDirectory() as tmp:
+        index_dir = build(Path(tmp), passages, method)
+        queries = queries_for(queries_n)
+        seq_qps, batch_qps = in_process(index_dir, queries, method)
+        off_qps, off_stats = served(index_dir, queries, clients, method, ["max_batch=1"])
+        on_qps, on_stats = served(index_dir, queries, clients, method, [])
+        zero_qps, zero_stats = served(index_dir, queries, clients, method, ["batch_window_ms=0"])
+    p = lambda s: s["endpoints"]["/retrieve"]["latency_ms"]  # noqa: E731
+    lines = [
+        f"{method}: {passages:,} passages, {queries_n:,} queries, {clients} clients, topk {TOPK}",
+        "",
+        "| mode | QPS | p50 ms | p99 ms | mean batch |",
+        "|---|---|---|---|---|",
+        f"| in-process, one query per call | {seq_qps:,.0f} | | | 1 |",
+        f"| in-process, one call for all | {batch_qps:,.0f} | | | {queries_n} |",
+    ]
+    rows = (
+        ("HTTP, batching off (max_batch=1)", off_qps, off_stats),
+        ("HTTP, batching on (default window)", on_qps, on_stats),
+        ("HTTP, batching on, window 0 ms", zero_qps, zero_stats),
+    )
+    for name, qps, st in rows:
+        b = st["batching"]
+        lines.append(
+            f"| {name} | {qps:,.0f} | {p(st)['p50']} | {p(st)['p99']} | {b['queries'] / max(1, b['batches']):.1f} |"
+        )
+    lines += [
+        "",
+        f"- server (batching on, {clients} clients) / in-process one query per call: {on_qps / seq_qps:.2f}x",
+        f"- batching on / off: {on_qps / off_qps:.2f}x; window 0 / off: {zero_qps / off_qps:.2f}x",
+    ]
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--passages", type=int, default=20_000)
@@ -131,32 +167,7 @@ def main() -> None:
         "--method", choices=("bm25", "dense"), default="bm25", help="dense: bundled MiniLM, 1 thread"
     )
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        index_dir = build(Path(tmp), args.passages, args.method)
-        queries = queries_for(args.queries)
-        seq_qps, batch_qps = in_process(index_dir, queries, args.method)
-        off_qps, off_stats = served(index_dir, queries, args.clients, args.method, ["max_batch=1"])
-        on_qps, on_stats = served(index_dir, queries, args.clients, args.method, [])
-        zero_qps, zero_stats = served(index_dir, queries, args.clients, args.method, ["batch_window_ms=0"])
-    p = lambda s: s["endpoints"]["/retrieve"]["latency_ms"]  # noqa: E731
-    print(
-        f"{args.method}: {args.passages:,} passages, {args.queries:,} queries, {args.clients} clients, topk {TOPK}"
-    )
-    print("| mode | QPS | p50 ms | p99 ms | mean batch |")
-    print("|---|---|---|---|---|")
-    print(f"| in-process, one query per call | {seq_qps:,.0f} | | | 1 |")
-    print(f"| in-process, one call for all | {batch_qps:,.0f} | | | {args.queries} |")
-    rows = (
-        ("HTTP, batching off (max_batch=1)", off_qps, off_stats),
-        ("HTTP, batching on (default window)", on_qps, on_stats),
-        ("HTTP, batching on, window 0 ms", zero_qps, zero_stats),
-    )
-    for name, qps, st in rows:
-        b = st["batching"]
-        print(
-            f"| {name} | {qps:,.0f} | {p(st)['p50']} | {p(st)['p99']} | {b['queries'] / max(1, b['batches']):.1f} |"
-        )
-    print(f"batching on / off: {on_qps / off_qps:.2f}x; window 0 / off: {zero_qps / off_qps:.2f}x")
+    print(run(args.passages, args.queries, args.clients, args.method))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from asearch.config import dump_config
-from asearch.files import append_jsonl, atomic_write_json, iter_jsonl
+from asearch.files import append_jsonl, atomic_write_json, atomic_write_text, iter_jsonl
 
 
 class RunDir:
@@ -63,6 +63,22 @@ class RunDir:
 
     def log_trajectory(self, record: dict[str, Any]) -> None:
         append_jsonl(self.path / "trajectories.jsonl", record)
+
+    def rewind(self, step: int) -> int:
+        """Drop metrics and trajectory rows logged after `step` (a resumed run redoes those steps, so
+        keeping them would count them twice). Returns how many rows were dropped."""
+        dropped = 0
+        for name in ("metrics.jsonl", "trajectories.jsonl"):
+            p = self.path / name
+            if not p.exists():
+                continue
+            rows = [row for _, row in iter_jsonl(p, tolerate_torn_tail=True)]
+            keep = [row for row in rows if int(row.get("step", 0)) <= step]
+            if len(keep) != len(rows):
+                dropped += len(rows) - len(keep)
+                atomic_write_text(p, "".join(json.dumps(row) + "\n" for row in keep))
+        self._t0 = time.time() - self._previous_wall()
+        return dropped
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         atomic_write_json(self.path / "summary.json", summary)

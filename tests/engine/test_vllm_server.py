@@ -407,3 +407,98 @@ def test_trainer_step_reaches_the_server(server, models, tmp_path) -> None:
         f"\n[vllm] after one train step the served log-probs moved by up to {moved:.3f} (match: atol {ATOL})"
     )
     assert moved > 10 * ATOL
+
+
+# ---------------------------------------------------------------------- the agent on a vLLM engine
+
+AGENT_DOCS = [
+    ("Ada Varn", "Ada Varn is a chemist. Ada Varn was born in Oslen. She works for Brightwell."),
+    ("Oslen", "Oslen is a city in Tarnia. Oslen has a harbour."),
+    ("Tomas Grell", "Tomas Grell is a painter born in Kettering."),
+]
+AGENT_STYLE = {  # the demo's plain style: no chat template, search + answer
+    "system_prompt": "",
+    "use_chat_template": False,
+    "reading_turns": False,
+    "user_template": "Question: {question}",
+    "observation_template": "\n<information>\n{text}\n</information>\n",
+}
+
+
+def _mini_search_tools(root: Path) -> dict:
+    """The real `search` tool over a real BM25 index of three pages."""
+    from asearch.corpus.types import Document
+    from asearch.retrieval.index import IndexConfig, build_index, open_index
+    from asearch.tools import SearchTool
+
+    class Mini:
+        name = "vllm-agent-mini"
+
+        def documents(self):
+            for i, (t, x) in enumerate(AGENT_DOCS):
+                yield Document(id=str(i), title=t, text=x, url=f"https://mini.example/wiki/{t.replace(' ', '_')}")
+
+        def pages(self):
+            return iter(())
+
+        def fingerprint(self):
+            return "vllm-agent-mini-v1"
+
+    build_index(Mini(), root / "idx", IndexConfig(), progress=False)
+    return {"search": SearchTool(open_index(root / "idx").retriever("bm25"), {"topk": 1, "max_doc_chars": 200})}
+
+
+def test_agent_episode_on_vllm_replays_the_learned_trajectory(server, models, tmp_path) -> None:
+    """run_episode over VLLMEngine: a model that learned one expert episode (search, read the result,
+    answer) searches through the real BM25 tool and answers, token for token as the expert did, with
+    the server's log-probs equal to transformers' over the whole multi-turn trajectory."""
+    import re
+
+    from asearch.agent import AgentConfig, run_episode
+    from asearch.engine.scripted import ScriptedEngine
+    from asearch.metrics.reward import RewardConfig, compute_reward
+    from asearch.models.tiny import build_tiny_model, save_tiny
+    from asearch.rl.sft import SFTConfig, sft, trajectories_to_samples
+
+    sup, url = server
+    tok = models["v0"][2]
+    tools = _mini_search_tools(tmp_path)
+    question = "Where was Ada Varn born?"
+    cfg = AgentConfig(style="search-r1", style_options=AGENT_STYLE, max_turns=4, max_new_tokens=24, temperature=0.0)
+
+    def expert(prompt: str) -> str:
+        if m := re.search(r"born in (\w+)", prompt.rsplit("<information>", 1)[-1]) if "<information>" in prompt else None:
+            return f"<answer>{m.group(1)}</answer>"
+        return "<search>Ada Varn born</search>"
+
+    demo = run(run_episode(ScriptedEngine(tok, expert), tok, tools, question, cfg))
+    assert demo.answer == "Oslen" and [t.action for t in demo.turns] == ["search", "answer"]
+
+    # A fresh model of the served shape learns the episode by heart (a few seconds on one thread).
+    model = build_tiny_model(tok, hidden=64, layers=2, heads=2, kv_heads=1, intermediate=128, max_positions=MAX_LEN, seed=3, tie=TIE)
+    losses = sft(model, trajectories_to_samples([demo]), SFTConfig(steps=150, batch_size=1, lr=1e-2, warmup_steps=5))
+    assert losses[-1] < 0.05, f"the model did not learn the episode (loss {losses[-1]:.3f})"
+    learned = save_tiny(model, tok, tmp_path / "learned")
+
+    async def go():
+        engine = VLLMEngine(url, "tiny", supervisors=[sup])
+        try:
+            await engine.update_weights(learned, version=5)
+            return await run_episode(engine, tok, tools, question, cfg)
+        finally:
+            await engine.close()
+
+    traj = run(go())
+    assert traj.finish == "answer" and traj.answer == "Oslen", [t.output_text for t in traj.turns]
+    assert [t.action for t in traj.turns] == ["search", "answer"] and traj.counters.get("parse_errors", 0) == 0
+    assert compute_reward(traj, ["Oslen"], RewardConfig(metric="em", format_gate=True)).reward == 1.0
+    (seg,) = traj.segments
+    assert seg.token_ids == demo.segments[0].token_ids and seg.loss_mask == demo.segments[0].loss_mask
+    gen = [i for i, m in enumerate(seg.loss_mask) if m]
+    assert {seg.versions[i] for i in gen} == {5}
+    # every generated token's log-prob (greedy decoding reports the temperature-1 distribution's) as
+    # transformers computes it over the full token sequence the agent built
+    with torch.no_grad():
+        logits = model(torch.tensor([seg.token_ids])).logits[0].float()
+    ref = torch.log_softmax(logits, -1)[[i - 1 for i in gen], [seg.token_ids[i] for i in gen]].tolist()
+    torch.testing.assert_close([seg.logprobs[i] for i in gen], ref, atol=ATOL, rtol=0)

@@ -68,9 +68,12 @@ def test_exact_match_hand_examples():
     assert exact_match("Paris, France", ["London", "paris france"]) == 1.0
     assert exact_match("Paris", ["London", "Berlin"]) == 0.0
     assert exact_match("1,000", "1000") == 1.0
-    # EM stays SQuAD for CJK: whitespace inside a Chinese answer makes it a different string.
+    # CJK golds are compared per character: spacing and CJK punctuation do not count, characters do.
     assert exact_match("北京市", "北京市") == 1.0
-    assert exact_match("北京 市", "北京市") == 0.0
+    assert exact_match("北京 市", "北京市") == 1.0
+    assert exact_match("《红楼梦》", "红楼梦") == 1.0 and exact_match("北京。", "北京") == 1.0
+    assert exact_match("北京", "北京市") == 0.0 and exact_match("北京市", ["上海", "北京市"]) == 1.0
+    assert exact_match("２００８年", "2008年") == 1.0  # full-width digits fold to ASCII
 
 
 # --- F1 ----------------------------------------------------------------------------------------

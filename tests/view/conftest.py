@@ -1,16 +1,19 @@
-"""Real run directories for the viewer tests, made by running the real producers on a four-page corpus.
+"""Real run directories for the viewer tests, made by running the real producers in-process: agent runs on a
+four-page corpus, synthesis on a small generated world.
 
 runs/demo-seed0/            summary.json, curve.png (asearch.demo.report.write_plot), report.md
 runs/demo-seed0/rl/         a train run: RunDir rows + trajectories of scripted agent episodes
 runs/eval-mini/             asearch.eval.runner.evaluate over two datasets, k=2
 runs/ask.json               one `asearch ask --json` trajectory whose model output is an XSS attempt
-runs/synth/questions.jsonl  synthesised questions (hand-written: the synth producer is not merged yet)
+runs/synth/                 `asearch.synth.run_synthesis` on a small world with a scripted solver: questions.jsonl,
+                            attempts.jsonl, filter_report.json, ... (histories with kept and rejected steps)
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import zlib
 from pathlib import Path
 
 import pytest
@@ -20,11 +23,12 @@ from asearch.corpus.types import Document, Page
 from asearch.engine.scripted import ScriptedEngine
 from asearch.eval.datasets import QARecord
 from asearch.eval.runner import evaluate
-from asearch.files import write_jsonl
 from asearch.metrics.reward import RewardConfig, compute_reward
 from asearch.models.tiny import train_bpe_tokenizer
 from asearch.retrieval.index import IndexConfig, build_index, open_index
 from asearch.runs import RunDir
+from asearch.synth import SynthConfig, run_synthesis
+from asearch.synth.graph_backend import GraphBackend
 from asearch.tools import AccessTool, SearchTool
 
 DOCS = [
@@ -184,41 +188,53 @@ def make_ask_file(world: World, path: Path) -> dict:
     return record
 
 
-SYNTH = [
-    {
-        "question": "Which city, home to a harbour, is the birthplace of a chemist working for a 1921 company?",
-        "answer": "Oslen",
-        "statements": [
-            {"text": "Ada Varn was born in Oslen.", "url": "https://mini.example/wiki/Ada_Varn"},
-            {"text": "Oslen has a harbour.", "url": "https://mini.example/wiki/Oslen"},
-            {"text": "Brightwell was founded in 1921.", "url": "javascript:alert(1)"},
-        ],
-        "edit_history": [
-            {"action": "base", "question_after": "Where was Ada Varn born?", "direct_answer_accuracy": 1.0},
-            {
-                "action": "fuzz",
-                "question_before": "Where was Ada Varn born?",
-                "question_after": "Where was a chemist working for Brightwell born?",
-                "direct_answer_accuracy": 0.5,
-            },
-            {
-                "action": "inject",
-                "question_before": "Where was a chemist working for Brightwell born?",
-                "question_after": "Which city, home to a harbour, is the birthplace of a chemist working for a 1921 company?",
-                "direct_answer_accuracy": 0.0,
-                "linked_page": "https://mini.example/wiki/Oslen",
-            },
-        ],
-        "unique_verified": True,
-        "root_url": "https://mini.example/wiki/Ada_Varn",
-    },
-    {
-        "question": "Who founded Brightwell?",
-        "answer": "unknown",
-        "statements": ["Brightwell is a company."],
-        "unique_verified": False,
-    },
-]
+class RecallingSolver:
+    """A tool-less direct solver (`asearch.synth.solver.DirectSolver`) answering from a memory the backend fills."""
+
+    name = "recall"
+
+    def __init__(self) -> None:
+        self.memory: dict[str, str] = {}
+
+    async def answers(self, question: str, k: int, seed: int) -> list[str]:
+        return [self.memory.get(question, "no idea")] * k
+
+    async def aclose(self) -> None:
+        return None
+
+
+class WellKnownBackend(GraphBackend):
+    """The graph backend with every base QA, and a fixed third of the edited versions (by a hash of their text),
+    put into the solver's memory: base questions need edits to get hard, and some edits are rejected for making
+    the question easier again, so the histories hold kept steps and steps rejected by the difficulty gate."""
+
+    def __init__(self, memory: dict[str, str], **kw):
+        super().__init__(**kw)
+        self.memory = memory
+
+    async def base(self, seed, rng):
+        draft = await super().base(seed, rng)
+        if draft is not None:
+            self.memory[draft.question] = draft.answer
+        return draft
+
+    async def edit(self, draft, action, rng):
+        new = await super().edit(draft, action, rng)
+        if new is not None and zlib.crc32(new.question.encode()) % 3 == 0:
+            self.memory[new.question] = new.answer
+        return new
+
+
+def make_synth_run(path: Path) -> None:
+    """A finished `asearch synth` output directory (graph backend, world seed 5, 300 entities; well under a second)."""
+    cfg = SynthConfig.model_validate(
+        {"backend": "graph", "seed": 1, "n_questions": 8, "rounds": 4, "min_edits": 2, "concurrency": 4,
+         "id_prefix": "view", "graph": {"world_seed": 5, "entities": 300}, "grading": {"method": "em"},
+         "solver": {"k": 2}}
+    )  # fmt: skip
+    solver = RecallingSolver()
+    backend = WellKnownBackend(solver.memory, cfg=cfg.graph, gates=cfg.gates, run_seed=cfg.seed)
+    run_synthesis(cfg, path, backend=backend, solver=solver, log=lambda _: None)
 
 
 @pytest.fixture(scope="session")
@@ -239,5 +255,5 @@ def runs_root(tmp_path_factory) -> Path:
         pass
     make_eval_run(world, root / "eval-mini")
     make_ask_file(world, root / "ask.json")
-    write_jsonl(root / "synth" / "questions.jsonl", SYNTH)
+    make_synth_run(root / "synth")
     return root

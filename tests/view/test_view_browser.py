@@ -107,6 +107,6 @@ def test_viewer_in_headless_chromium(runs_root, tmp_path):
 
     for name in ("viewer.png", "trajectory.png"):
         assert (tmp_path / name).read_bytes().startswith(b"\x89PNG")
-    DOCS_IMAGE.parent.mkdir(parents=True, exist_ok=True)
     if os.environ.get("ASEARCH_UPDATE_DOCS") == "1":  # refresh the docs screenshot on request only
+        DOCS_IMAGE.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(tmp_path / "viewer.png", DOCS_IMAGE)

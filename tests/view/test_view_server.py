@@ -13,6 +13,7 @@ from asearch.files import iter_jsonl, write_jsonl
 from asearch.retrieval.server import serve_in_thread
 from asearch.runs import RunDir
 from asearch.view import ViewConfig, create_app
+from asearch.view.pages import esc
 
 RL = "demo-seed0-rl"
 
@@ -128,17 +129,24 @@ def test_an_id_finds_its_trajectory_when_the_index_is_stale(served):
 
 
 def test_synthesis_page(served):
-    client, _ = served
+    client, root = served
+    rows = [row for _, row in iter_jsonl(root / "synth" / "questions.jsonl")]
     page = client.get("/synth").text
-    assert "Ada Varn was born in Oslen." in page and 'href="https://mini.example/wiki/Ada_Varn"' in page
-    assert 'href="javascript' not in page and "javascript:alert(1)" in page  # shown, never a link
-    assert "<ins>" in page and "<del>" in page  # the edit history shows what each step changed
-    assert "Edit history (3 steps)" in page and "root_url" in page and "unique ✓ verified" in page
-    assert "Who founded Brightwell?" in page
+    assert "8 of 8 questions shown (8 verified unique)" in page and "page 1 / 2" in page  # 4 a page
+    first = rows[0]
+    assert esc(first["question"]) in page and esc(first["statements"][0]["text"]) in page
+    assert f'href="{esc(first["statements"][0]["url"])}"' in page and "unique ✓ verified" in page
+    assert "<ins>" in page and "Edit history: " in page and "rejected by " in page
+    assert "Filter report (filter_report.json)" in page and "Other fields" in page
+    # the text filter searches the answers as text: "architect | an architect", not a JSON list
+    multi = next(r for r in rows if len(r["answer"]) > 1)
+    found = client.get("/synth", params={"q": f"{multi['answer'][0]} | {multi['answer'][1]}"}).text
+    assert "1 of 8 questions shown" in found and esc(multi["question"]) in found
+    assert "0 of 8" in client.get("/synth", params={"q": '["'}).text
     only = client.get("/synth", params={"verified": "1"}).text
-    assert "Who founded Brightwell?" not in only and "1 of 2 questions shown" in only
+    assert "8 of 8 questions shown" in only
     records = client.get("/api/synth", params={"run": "synth"}).json()
-    assert records["total"] == 2 and records["records"][1]["answer"] == "unknown"
+    assert records["total"] == 8 and records["records"] == rows
 
 
 def test_eval_tables_show_the_summary_numbers(served):

@@ -1,6 +1,7 @@
 """Assemble a ready agent from config: engine + tokenizer + tools (+ the index they need), and close them.
 
 `ask`, `eval` and `train` all start here, so one YAML shape (`engine`, `tools`, `agent`) drives them all.
+The tools search a local corpus / index, a retrieval server, or the open web (`tools.web`, see docs/web.md).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from asearch.errors import ConfigError
 from asearch.files import cache_dir
 from asearch.retrieval.index import IndexConfig
 from asearch.tools import AccessTool, AccessToolConfig, SearchTool, SearchToolConfig, Tool
+from asearch.web.tools import WebConfig, build_web_tools
 
 
 class EngineConfig(Config):
@@ -43,23 +45,36 @@ class EngineConfig(Config):
 
 
 class ToolsConfig(Config):
-    """Where the tools get their data: one of a corpus (index built and cached), an index dir, or a server."""
+    """Where the tools get their data: one of a corpus (index built and cached), an index dir, a server, or
+    the web. The corpus (it has a default) is ignored when one of the others is given."""
 
     corpus: str | None = Field("wiki10k", description="wiki10k | world[:seed] | a jsonl path; indexed on first use.")
     index: Path | None = Field(None, description="A prebuilt index directory (asearch index build).")
     server_url: str | None = Field(None, description="A retrieval server (asearch serve) to query over HTTP.")
     method: Literal["bm25", "dense", "hybrid"] = Field("bm25", description="Retrieval method for local indexes.")
     build: IndexConfig = Field(default_factory=IndexConfig, description="Settings when the index must be built.")
-    search: SearchToolConfig = Field(default_factory=SearchToolConfig)
+    web: WebConfig | None = Field(
+        None,
+        description="Search and read the open web instead (e.g. tools.web.search=serper, tools.web.reader=direct, "
+        "tools.web.cache.mode=cache_only); API keys come from environment variables only (docs/web.md).",
+    )
+    search: SearchToolConfig = Field(
+        default_factory=SearchToolConfig, description="The `search` tool (top-k, rendering), for any source."
+    )
     access: AccessToolConfig | None = Field(
-        default_factory=AccessToolConfig, description="null disables the access tool."
+        default_factory=AccessToolConfig, description="The `access` tool, for any source; null disables it."
     )
 
     @model_validator(mode="after")
     def _one_source(self) -> ToolsConfig:
-        given = [k for k in ("index", "server_url") if getattr(self, k) is not None]
+        given = [k for k in ("index", "server_url", "web") if getattr(self, k) is not None]
+        if self.web is not None:
+            # one place for tool options, whatever the source: the web's own copies would be ignored
+            # (compared with the defaults, not fields_set, so a dumped and reloaded config still validates)
+            if (self.web.search_tool, self.web.access_tool) != (SearchToolConfig(), AccessToolConfig()):
+                raise ValueError("set the tool options as tools.search / tools.access, not under tools.web")
         if len(given) > 1:
-            raise ValueError(f"give only one of tools.index / tools.server_url, got {given}")
+            raise ValueError(f"give only one of tools.index / tools.server_url / tools.web, got {given}")
         if not given and not self.corpus:
             raise ValueError("tools need a source: set tools.corpus, tools.index or tools.server_url")
         return self
@@ -109,7 +124,15 @@ def ensure_index(corpus: str, cfg: IndexConfig, *, progress: bool = True) -> Pat
 
 
 def build_tools(cfg: ToolsConfig, *, progress: bool = True) -> tuple[dict[str, Tool], list[Any]]:
-    """The search/access tools over a local index or a retrieval server; returns (tools, closers)."""
+    """The search/access tools over a local index, a retrieval server or the web; returns (tools, closers).
+    A closer may be async. Web tools report their cache and cost counters via `asearch.web.runtime.web_metrics`."""
+    if cfg.web is not None:
+        tool_cfgs = {"search_tool": cfg.search, "access_tool": cfg.access or AccessToolConfig()}
+        web = build_web_tools(cfg.web.model_copy(update=tool_cfgs))
+        tools = dict(web.tools)
+        if cfg.access is None:
+            tools.pop("access")  # the reader still exists (and is closed) but the agent cannot call it
+        return tools, [web.aclose]
     if cfg.server_url:
         from asearch.retrieval.client import RetrievalClient
 

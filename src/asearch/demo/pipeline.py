@@ -64,7 +64,10 @@ class DemoConfig(Config):
     )
     lr: float = 2e-4
     eval_every_s: float = 60.0
-    threads: int = Field(1, description="torch threads for the trainer and for the engine (each).")
+    threads: int = Field(1, description="torch threads for the RL trainer and for the RL engine (each).")
+    setup_threads: int = Field(
+        2, ge=1, description="torch threads for SFT and the before/after evaluations (nothing else runs then)."
+    )
     max_turns: int = 8
 
 
@@ -153,6 +156,7 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
     mean_len = sum(len(s.token_ids) for s in samples) / len(samples)
     log(f"[3/6] {len(expert_trajs)} expert episodes in {time.perf_counter() - t0:.0f}s (mean {mean_len:.0f} tokens); SFT {cfg.sft.steps} steps")
     t0 = time.perf_counter()
+    torch.set_num_threads(cfg.setup_threads)
     losses = sft(model, samples, cfg.sft, on_step=lambda s, loss: log(f"      sft step {s + 1} loss {loss:.3f}") if (s + 1) % 50 == 0 else None)
     sft_seconds = time.perf_counter() - t0
     model_dir = run.path / "model-sft"
@@ -174,8 +178,10 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
     before = _heldout(model, tokenizer, heldout_tools, heldout_records, agent_cfg, cfg)
     log(f"      before: {before:.3f}")
     log(f"[5/6] asynchronous RL for up to {cfg.rl_seconds:.0f}s")
+    torch.set_num_threads(cfg.threads)
     rl_run = RunDir(run.path / "rl")
     rl_summary = asyncio.run(train(train_cfg, run=rl_run, log=lambda m: log("      " + m), model=model, tokenizer=tokenizer))
+    torch.set_num_threads(cfg.setup_threads)
     after = _heldout(model, tokenizer, heldout_tools, heldout_records, agent_cfg, cfg)
     log(f"[6/6] held-out accuracy after RL: {after:.3f} (before {before:.3f})")
 
@@ -205,7 +211,7 @@ def _heldout(model, tokenizer, tools, records, agent_cfg, cfg) -> float:
     from asearch.engine.inprocess import InProcessEngine
 
     async def go():
-        engine = InProcessEngine(model, tokenizer, cfg=InProcessEngineConfig(threads=cfg.threads, max_batch=128, max_seq_len=1024))
+        engine = InProcessEngine(model, tokenizer, cfg=InProcessEngineConfig(threads=cfg.setup_threads, max_batch=128, max_seq_len=1024))
         try:
             acc, _ = await heldout_accuracy(
                 engine, tokenizer, tools, [r.model_dump() for r in records], agent_cfg, RewardConfig(metric="em"), 128

@@ -163,4 +163,21 @@ def render_markdown(summary: Mapping[str, Any], *, title: str = "Evaluation") ->
     incomplete = {name: s["incomplete"] for name, s in summary["datasets"].items() if s["incomplete"]}
     if incomplete:
         lines += ["", f"Incomplete questions (fewer than {k} passes, left out): {incomplete}"]
+    web = _web_line(summary.get("run_metrics") or {})
+    if web:
+        lines += ["", web]
     return "\n".join(lines) + "\n"
+
+
+def _web_line(m: Mapping[str, float]) -> str | None:
+    """The web tools' cache and cost counters of this invocation (`WebRuntime.metrics` names), if any."""
+    if "web/cache/hit_rate" not in m:
+        return None
+    calls = sum(int(v) for key, v in m.items() if key.startswith("web/cost/") and key.endswith("_calls"))
+    return (
+        f"Web tools (this invocation): cache hit rate {100 * m['web/cache/hit_rate']:.1f}% "
+        f"({int(m.get('web/cache/hits', 0))} hits, {int(m.get('web/cache/misses', 0))} misses), "
+        f"{calls} calls sent, cost ${m.get('web/cost/total_usd', 0.0):.4f}"
+        + (f", {int(m['web/cost/refused'])} refused by the budget" if m.get("web/cost/refused") else "")
+        + "."
+    )

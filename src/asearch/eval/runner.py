@@ -302,8 +302,11 @@ async def evaluate_async(
     progress: bool = True,
     config: Any = None,
     max_failures: int | None = 20,
+    metrics: Callable[[], Mapping[str, float]] | None = None,
 ) -> EvalSummary:
     """Run (or resume) an eval; see `evaluate`. For callers already inside an event loop (training)."""
+    # agent_solver's solve carries its tools' counters (web cache, cost), so the CLI needs no extra wiring
+    metrics = metrics or getattr(solve, "metrics", None)
     seeds = list(range(k)) if seeds is None else [int(s) for s in seeds]
     if len(seeds) != k or k < 1:
         raise ConfigError(f"need k >= 1 seeds, one per pass: k={k}, seeds={seeds}")
@@ -353,7 +356,11 @@ async def evaluate_async(
             solve, jobs, seeds, results_path, run_dir, judge, concurrency, progress, done, max_failures
         )
         summary = _write_summaries(
-            run_dir, read_results(results_path) if results_path.exists() else [], k, records
+            run_dir,
+            read_results(results_path) if results_path.exists() else [],
+            k,
+            records,
+            run_metrics=metrics() if metrics is not None else None,
         )
     result = EvalSummary(out_dir=run_dir, summary=summary, written=written, resumed=len(done), failed=failed)
     if max_failures is not None and failed >= max_failures:
@@ -440,7 +447,11 @@ def _check_same_run(run_dir: Path, cfg: Mapping[str, Any]) -> None:
 
 
 def _write_summaries(
-    run_dir: Path, results: list[dict[str, Any]], k: int, records: Sequence[QARecord]
+    run_dir: Path,
+    results: list[dict[str, Any]],
+    k: int,
+    records: Sequence[QARecord],
+    run_metrics: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     wanted = {(r.dataset, r.id) for r in records}
     kept = [r for r in results if (r["dataset"], r["id"]) in wanted and r["pass"] < k]
@@ -449,6 +460,9 @@ def _write_summaries(
         expected[r.dataset] = expected.get(r.dataset, 0) + 1
     summary = summarize(kept, k=k, expected=expected)
     summary["other_results"] = len(results) - len(kept)  # lines of questions/passes not in this run
+    if run_metrics:
+        # counters of this invocation only (a resumed run counts what it ran); not rebuilt by aggregate_only
+        summary["run_metrics"] = dict(run_metrics)
     atomic_write_json(run_dir / "summary.json", summary)
     atomic_write_text(run_dir / "summary.md", render_markdown(summary, title=f"Evaluation: {run_dir}"))
     return summary
@@ -467,6 +481,7 @@ def evaluate(
     progress: bool = True,
     config: Any = None,
     max_failures: int | None = 20,
+    metrics: Callable[[], Mapping[str, float]] | None = None,
 ) -> EvalSummary:
     """Evaluate `solve` on `records` (k passes each, seeds[i] for pass i), resuming from `out_dir`.
 
@@ -476,6 +491,8 @@ def evaluate(
     `errors.jsonl` (questions whose solve or judge raised; they are not scored and are retried by the
     next run). Up to `concurrency` questions run at once. After `max_failures` failures it stops
     launching questions, writes the summaries and raises. `judge` is an LLMJudge (or None).
+    `metrics()` (default: `solve.metrics`, which `agent_solver` sets) gives counters of this invocation,
+    such as the web cache hit rate and costs, for summary.json's `run_metrics`.
     """
     return asyncio.run(
         evaluate_async(
@@ -490,6 +507,7 @@ def evaluate(
             progress=progress,
             config=config,
             max_failures=max_failures,
+            metrics=metrics,
         )
     )
 
@@ -540,8 +558,10 @@ def aggregate_only(out_dir: str | Path) -> EvalSummary:
 
 
 def agent_solver(engine: Any, tokenizer: Any, tools: Mapping[str, Any], agent_cfg: Any) -> Solve:
-    """A `solve` that runs the search agent on the record's question with the pass's seed."""
+    """A `solve` that runs the search agent on the record's question with the pass's seed; its `metrics()`
+    are the tools' run counters (web cache and cost, {} for local tools)."""
     from asearch.agent import run_episode
+    from asearch.web.runtime import web_metrics
 
     async def solve(record: QARecord, seed: int) -> Any:
         return await run_episode(
@@ -555,4 +575,5 @@ def agent_solver(engine: Any, tokenizer: Any, tools: Mapping[str, Any], agent_cf
             metadata={"dataset": record.dataset, "question_id": record.id},
         )
 
+    solve.metrics = lambda: web_metrics(tools)  # type: ignore[attr-defined]
     return solve

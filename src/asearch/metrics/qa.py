@@ -25,14 +25,22 @@ class QAScores:
 def exact_match(prediction: str | None, golds: Golds) -> float:
     """1.0 if the SQuAD-normalised prediction equals some SQuAD-normalised gold, else 0.0.
 
-    Same as SQuAD v1.1 for every input (CJK golds included), except that a None or blank
-    prediction scores 0.0 (SQuAD would give 1.0 against a gold that normalises to "", like "The").
+    Same as SQuAD v1.1 except that (1) against a CJK gold the comparison is per character, as for F1
+    and CEM: "北京 市" and "《北京市》" match "北京市" (Chinese answers carry no word spaces, and their
+    punctuation is not ASCII); (2) a None or blank prediction scores 0.0 (SQuAD would give 1.0
+    against a gold that normalises to "", like "The").
     """
     gold_list = _gold_list(golds)
     if _is_blank(prediction):
         return 0.0
+    pred_tokens = _PredictionTokens(prediction)
     pred = normalize_answer(prediction)
-    return max(float(pred == normalize_answer(g)) for g in gold_list)
+    return max(
+        float(pred_tokens.for_gold(g) == tokenize_answer(g, cjk=True))
+        if contains_cjk(g)
+        else float(pred == normalize_answer(g))
+        for g in gold_list
+    )
 
 
 def f1(prediction: str | None, golds: Golds) -> float:

@@ -8,6 +8,7 @@ engine (in-flight requests resume under them) -> bump the version -> log, evalua
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import random
 import shutil
@@ -29,6 +30,7 @@ from asearch.metrics.reward import RewardConfig, compute_reward
 from asearch.rl.controller import ControllerConfig, Group, RolloutController
 from asearch.rl.trainer import PolicyTrainer, TrainerConfig, groups_to_samples
 from asearch.runs import RunDir
+from asearch.web.runtime import web_metrics
 
 
 class HeldoutConfig(Config):
@@ -143,6 +145,8 @@ async def train(cfg: TrainConfig, *, run: RunDir, log=print, model=None, tokeniz
         state = json.loads((ckpt / "state.json").read_text())
         start_step, rl_wall_before = state["step"], state["rl_wall_s"]
         parts = RolloutController.restore_parts(state["controller"])
+        if dropped := run.rewind(start_step):
+            log(f"dropped {dropped} metrics/trajectory rows logged after step {start_step} (they are redone)")
         log(f"resumed from {ckpt} (step {start_step}, {len(parts['ready'])} queued groups, {len(parts['redo'])} to redo)")
     version = start_step
     engine = InProcessEngine(policy, tokenizer, cfg=cfg.engine, version=version)
@@ -206,7 +210,8 @@ async def train(cfg: TrainConfig, *, run: RunDir, log=print, model=None, tokeniz
             t3 = time.perf_counter()
             step += 1
 
-            metrics = {**stats, **_rollout_metrics(batch, version - 1, controller)}
+            # web tools: cache hit rate and costs so far, and this step's spending (then restarted at 0)
+            metrics = {**stats, **_rollout_metrics(batch, version - 1, controller), **web_metrics(tools, end_step=True)}
             metrics.update({
                 "perf/rollout_wait_s": t1 - t0, "perf/train_s": t2 - t1, "perf/weight_sync_s": t3 - t2,
                 "perf/step_s": t3 - t0, "perf/rl_wall_s": rl_wall(),
@@ -236,7 +241,8 @@ async def train(cfg: TrainConfig, *, run: RunDir, log=print, model=None, tokeniz
         await controller.close()
         await engine.close()
         for c in closers:
-            c()
+            if inspect.isawaitable(res := c()):  # web and server clients close asynchronously
+                await res
 
     rows = run.metrics()
     evals = [r["eval/heldout_acc"] for r in rows if r.get("eval/heldout_acc") is not None]

@@ -11,12 +11,13 @@ import difflib
 import html
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
 from asearch.view.records import TrajectoryRow, outcome_of, split_record, think_text
+from asearch.view.runs import answer_text, kept_edits
 
 __all__ = ["CHARTS", "Chart", "esc"]
 
@@ -597,19 +598,17 @@ def _turn(n: int, t: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------- synthesis
 
 
-_ACTION_KEYS = ("action", "op", "type", "kind", "step")
-_BEFORE_KEYS = ("question_before", "before", "old_question", "from_question", "from")
-_AFTER_KEYS = ("question_after", "after", "new_question", "to_question", "question", "to")
-_ACC_KEYS = ("direct_answer_accuracy", "direct_accuracy", "direct_acc", "direct_gen_acc", "accuracy", "acc")
-_TEXT_KEYS = ("text", "statement", "content", "fact")
-_URL_KEYS = ("url", "source_url", "source", "link")
-
-
-def _first(d: Mapping[str, Any], keys: Iterable[str]) -> tuple[str | None, Any]:
-    for k in keys:
-        if k in d and d[k] not in (None, ""):
-            return k, d[k]
-    return None, None
+# The fields of `asearch.synth` output rows (`SynthQuestion.to_row`) and of their steps (`EditStep.to_dict`);
+# anything else in a record is listed under "other", so nothing a producer wrote is hidden.
+_STEP_SHOWN = {
+    "round", "action", "question", "kept", "rejected_by", "reason",
+    "direct_accuracy", "direct_answers", "statements_added",
+}  # fmt: skip
+_STATEMENT_SHOWN = {"text", "url", "entity", "relation", "value"}
+_SHOWN_SYNTH = {
+    "id", "question", "answer", "aug_answer", "qa", "statements", "edit_history", "edits",
+    "unique_verified", "direct_accuracy",
+}  # fmt: skip
 
 
 def word_diff(before: str, after: str) -> str:
@@ -627,81 +626,130 @@ def word_diff(before: str, after: str) -> str:
     return " ".join(out)
 
 
+def _accuracy(x: Any) -> str | None:
+    return _fmt(float(x)) if isinstance(x, int | float) and not isinstance(x, bool) else None
+
+
+def _statement(s: Any) -> str:
+    if not isinstance(s, Mapping):
+        return f"<li>{esc(s)}</li>"
+    text, url = s.get("text"), s.get("url")
+    # the graph backend also records the fact itself; the LLM backend leaves these empty
+    fact = [str(s[k]) for k in ("entity", "relation", "value") if s.get(k) not in (None, "")]
+    shown = _STATEMENT_SHOWN if len(fact) == 3 else {"text", "url"}  # a partial fact is listed as it is
+    rest = {k: v for k, v in s.items() if k not in shown and not (k in _STATEMENT_SHOWN and v in (None, ""))}
+    return (
+        f"<li>{esc(text if text is not None else json.dumps(dict(s), ensure_ascii=False))}"
+        + (f' <span class="src">{safe_link(url, _clip(url, 80))}</span>' if url else "")
+        + (f' <span class="muted fact">{esc(" · ".join(fact))}</span>' if len(fact) == 3 else "")
+        + (f' <span class="muted">{esc(json.dumps(rest, ensure_ascii=False))}</span>' if rest else "")
+        + "</li>"
+    )
+
+
 def _statements(items: Any) -> str:
     if not isinstance(items, list) or not items:
         return ""
-    lis = []
-    for s in items:
-        if isinstance(s, Mapping):
-            _, text = _first(s, _TEXT_KEYS)
-            _, url = _first(s, _URL_KEYS)
-            rest = {k: v for k, v in s.items() if k not in (*_TEXT_KEYS, *_URL_KEYS)}
-            extra = f' <span class="muted">{esc(json.dumps(rest, ensure_ascii=False))}</span>' if rest else ""
-            src = f' <span class="src">{safe_link(url, _clip(url, 80))}</span>' if url else ""
-            lis.append(f"<li>{esc(text if text is not None else json.dumps(dict(s)))}{src}{extra}</li>")
-        else:
-            lis.append(f"<li>{esc(s)}</li>")
-    return f'<details open><summary>Statements ({len(items)})</summary><ol class="statements">{"".join(lis)}</ol></details>'
+    return (
+        f"<details open><summary>Statements ({len(items)})</summary>"
+        f'<ol class="statements">{"".join(_statement(s) for s in items)}</ol></details>'
+    )
 
 
-def _edit_history(steps: Any, first_question: str | None) -> str:
+def _verdict(step: Mapping[str, Any]) -> str:
+    kept = step.get("kept")
+    if kept is True:
+        return '<span class="badge correct">kept</span>'
+    if kept is False:
+        gate = step.get("rejected_by")
+        return f'<span class="badge wrong">rejected{esc(f" by {gate}" if gate else "")}</span>'
+    return '<span class="muted">–</span>'  # a producer that does not record the gates' verdict
+
+
+def _edit_history(steps: Any) -> str:
+    """Every step with its operator, the gates' verdict and the direct-answer accuracy. Each step's changes
+    are shown against the last KEPT version, the one the operator edited: a rejected proposal changed
+    nothing, so it is never the "before" of the next step."""
     if not isinstance(steps, list) or not steps:
         return ""
-    rows, previous = [], first_question
+    rows: list[str] = []
+    base: tuple[int, str] | None = None  # (step number, question) of the last kept version
     for i, step in enumerate(steps, start=1):
         if not isinstance(step, Mapping):
-            rows.append(f"<tr><td>{i}</td><td colspan=3>{esc(step)}</td></tr>")
+            rows.append(f"<tr><td>{i}</td><td colspan=5>{esc(step)}</td></tr>")
             continue
-        ka, action = _first(step, _ACTION_KEYS)
-        kb, before = _first(step, _BEFORE_KEYS)
-        kq, after = _first(step, _AFTER_KEYS)
-        kc, acc = _first(step, _ACC_KEYS)
-        before = before if isinstance(before, str) else previous
-        if isinstance(after, str):
-            question = word_diff(before, after) if isinstance(before, str) else esc(after)
-            previous = after
+        rejected = step.get("kept") is False
+        question = step.get("question")
+        if not isinstance(question, str):
+            changes = '<span class="muted">(no question)</span>'
+        elif base is None:
+            changes = esc(question)
         else:
-            question = '<span class="muted">(unchanged)</span>'
-        rest = {k: v for k, v in step.items() if k not in (ka, kb, kq, kc)}
-        acc_text = (
-            _fmt(float(acc)) if isinstance(acc, int | float) and not isinstance(acc, bool) else esc(acc)
-        )
+            changes = word_diff(base[1], question)
+            if base[0] != i - 1:  # the row above is not what this step edited
+                changes += f' <span class="muted against">(changes vs. #{base[0]})</span>'
+        if isinstance(question, str) and not rejected:
+            base = (i, question)
+        reason = step.get("reason")
+        if reason:
+            changes += f'<div class="muted reason">{esc(reason)}</div>'
+        action = esc(step.get("action"))
+        if isinstance(step.get("round"), int):
+            action += f' <span class="muted">round {step["round"]}</span>'
+        acc = _accuracy(step.get("direct_accuracy"))
+        acc_cell = esc(acc) if acc is not None else '<span class="muted" title="not measured">–</span>'
+        answers = step.get("direct_answers")
+        other = []
+        if isinstance(answers, list) and answers:
+            other.append(f'<div class="answers">direct answers: {esc(" | ".join(map(str, answers)))}</div>')
+        added = step.get("statements_added")
+        if isinstance(added, list) and added:
+            other.append(f'<ol class="statements added">{"".join(_statement(s) for s in added)}</ol>')
+        rest = {k: v for k, v in step.items() if k not in _STEP_SHOWN}
+        if rest:
+            other.append(_kv_table(rest))
         rows.append(
-            f"<tr><td>{i}</td><td><b>{esc(action)}</b></td><td>{question}</td><td>{esc(acc_text)}</td>"
-            f"<td>{_kv_table(rest) if rest else ''}</td></tr>"
+            f'<tr class="{"rejected" if rejected else "kept"}"><td>{i}</td><td><b>{action}</b></td>'
+            f"<td>{_verdict(step)}</td><td>{changes}</td><td>{acc_cell}</td><td>{''.join(other)}</td></tr>"
         )
+    kept = kept_edits(steps)
+    rejected_n = sum(1 for s in steps if isinstance(s, Mapping) and s.get("kept") is False)
+    counts = f"{kept} kept edit{'' if kept == 1 else 's'}" + (
+        f", {rejected_n} rejected" if rejected_n else ""
+    )
     return (
-        f"<details open><summary>Edit history ({len(steps)} steps)</summary>"
-        '<table class="edits"><thead><tr><th>#</th><th>action</th><th>question (changes)</th>'
+        f"<details open><summary>Edit history: {esc(counts)}</summary>"
+        '<table class="edits"><thead><tr><th>#</th><th>action</th><th>gates</th><th>question (changes)</th>'
         f"<th>direct-answer acc.</th><th>other</th></tr></thead><tbody>{''.join(rows)}</tbody></table></details>"
     )
 
 
-_SHOWN_SYNTH = {"question", "answer", "qa", "statements", "edit_history", "unique_verified"}
-
-
 def synth_card(number: int, rec: Mapping[str, Any], question: str, answer: str) -> str:
-    verified = rec.get("unique_verified")
+    """One synthesised question: answers and paraphrases as text, badges, statements, edit history."""
     badges = []
+    verified = rec.get("unique_verified")
     if isinstance(verified, bool):
+        how = rec.get("uniqueness") if isinstance(rec.get("uniqueness"), Mapping) else {}
+        tip = " · ".join(str(how[k]) for k in ("method", "detail") if how.get(k))
+        title = f' title="{esc(tip)}"' if tip else ""
         badges.append(
-            '<span class="badge correct">unique ✓ verified</span>'
+            f'<span class="badge correct"{title}>unique ✓ verified</span>'
             if verified
-            else '<span class="badge wrong">not verified unique</span>'
+            else f'<span class="badge wrong"{title}>not verified unique</span>'
         )
     history = rec.get("edit_history") if isinstance(rec.get("edit_history"), list) else []
-    first_q = None
-    if history and isinstance(history[0], Mapping):
-        _, first_q = _first(history[0], _BEFORE_KEYS)
-    accs = [
-        a
-        for s in history
-        if isinstance(s, Mapping)
-        for _, a in [_first(s, _ACC_KEYS)]
-        if isinstance(a, int | float)
-    ]
-    if accs:
-        badges.append(f'<span class="badge">direct-answer acc. {_fmt(float(accs[-1]))}</span>')
+    # the accuracy of the question as written: the row's own, else that of the last kept version (a
+    # rejected proposal's accuracy belongs to a question that was thrown away)
+    acc = _accuracy(rec.get("direct_accuracy"))
+    if acc is None:
+        kept = [s for s in history if isinstance(s, Mapping) and s.get("kept") is not False]
+        acc = _accuracy(kept[-1].get("direct_accuracy")) if kept else None
+    if acc is not None:
+        badges.append(f'<span class="badge">direct-answer acc. {esc(acc)}</span>')
+    if history:
+        n = kept_edits(history)
+        badges.append(f'<span class="badge">{n} kept edit{"" if n == 1 else "s"}</span>')
+    paraphrases = answer_text(rec.get("aug_answer"))
     rest = {k: v for k, v in rec.items() if k not in _SHOWN_SYNTH}
     extra = (
         f"<details><summary>Other fields ({len(rest)})</summary>"
@@ -709,12 +757,15 @@ def synth_card(number: int, rec: Mapping[str, Any], question: str, answer: str) 
         if rest
         else ""
     )
+    rid = rec.get("id")
     return (
-        f'<article class="synth-card"><h3><span class="muted">#{number}</span> {esc(question)}</h3>'
-        f'<p class="answer"><b>Answer:</b> {esc(answer)} {" ".join(badges)}</p>'
-        f"{_statements(rec.get('statements'))}"
-        f"{_edit_history(rec.get('edit_history'), first_q if isinstance(first_q, str) else None)}"
-        f"{extra}</article>"
+        f'<article class="synth-card"><h3><span class="muted">#{number}'
+        + (f" {esc(rid)}" if isinstance(rid, str) else "")
+        + f"</span> {esc(question)}</h3>"
+        f'<p class="answer"><b>Answer:</b> <span class="answers">{esc(answer)}</span>'
+        + (f' <span class="paraphrases"><b>paraphrases:</b> {esc(paraphrases)}</span>' if paraphrases else "")
+        + f" {' '.join(badges)}</p>"
+        f"{_statements(rec.get('statements'))}{_edit_history(history)}{extra}</article>"
     )
 
 
@@ -730,7 +781,7 @@ def synth_page(
     page_size: int,
     text: str,
     only_verified: bool,
-    summary: Any,
+    report: Any,
 ) -> str:
     run_opts = "".join(
         f'<option value="{esc(rid)}"{" selected" if rid == run_id else ""}>{esc(name)}</option>'
@@ -752,13 +803,13 @@ def synth_page(
     if page + 1 < pages:
         nav.append(f'<a href="/synth?{esc(_q(**base, page=page + 1))}">next →</a>')
     head = f'<p class="muted">{matched} of {total} questions shown ({verified} verified unique)</p>'
-    summ = (
-        f"<details><summary>summary.json</summary>{_kv_table(summary)}</details>"
-        if isinstance(summary, dict)
+    filters = (
+        f"<details><summary>Filter report (filter_report.json)</summary>{_kv_table(report)}</details>"
+        if isinstance(report, dict)
         else ""
     )
     return (
-        f"<h1>Synthesis</h1>{form}{head}{summ}"
+        f"<h1>Synthesis</h1>{form}{head}{filters}"
         f'<div class="synth">{"".join(cards) or "<p class=muted>nothing matches</p>"}</div>'
         f'<p class="pager">{" · ".join(nav)}</p>'
     )

@@ -4,7 +4,7 @@
     eval          results.jsonl (+ summary.json, config.json, errors.jsonl)
     demo          rl/ (a train run) + summary.json, curve.png, report.md
     trajectories  a .json / .jsonl of Trajectory dicts (`asearch ask --json`), or a dir of trajectories.jsonl
-    synth         .jsonl of synthesised questions (statements, edit_history, unique_verified)
+    synth         .jsonl of synthesised questions (statements, edit_history, unique_verified) + filter_report.json
 
 A path that is none of these is searched (three levels down) for runs; one with nothing yet is kept
 and searched again later, so `asearch view runs/new` can be started before the run writes anything.
@@ -450,40 +450,67 @@ class SynthRow:
     answer: str
     verified: bool | None
     statements: int
-    edits: int
+    edits: int  # kept edits, as `asearch.synth` counts them: not the base QA, not rejected proposals
+
+
+def answer_list(x: Any) -> list[str]:
+    """The answers of a record as strings: `asearch synth` writes a list (canonical first), plain QA files a string."""
+    if x is None or x == "":
+        return []
+    items = x if isinstance(x, list) else [x]
+    return [a if isinstance(a, str) else json.dumps(a, ensure_ascii=False) for a in items if a is not None]
+
+
+def answer_text(x: Any) -> str:
+    """The answers joined for display and text search ("architect | an architect"), not a JSON list."""
+    return " | ".join(answer_list(x))
 
 
 def synth_question(rec: dict[str, Any]) -> tuple[str, str]:
-    """(question, answer), flat or nested under `qa` (ASearcher's shape)."""
+    """(question, answer text), flat or nested under `qa` (ASearcher's shape)."""
     qa = rec.get("qa") if isinstance(rec.get("qa"), dict) else {}
     q = rec.get("question", qa.get("question", ""))
     a = rec.get("answer", qa.get("answer", ""))
-    return (q if isinstance(q, str) else json.dumps(q)), (a if isinstance(a, str) else json.dumps(a))
+    return (q if isinstance(q, str) else json.dumps(q)), answer_text(a)
+
+
+def kept_edits(history: Any) -> int:
+    """Edits kept in an edit history (`SynthQuestion.to_row`'s `edits`): a proposal the gates rejected did
+    not change the question, and the base QA is where editing starts. A step that does not say whether it
+    was kept (another producer) counts as kept, since its question is then the one that was carried on."""
+    if not isinstance(history, list):
+        return 0
+    return sum(
+        1 for s in history if isinstance(s, dict) and s.get("kept") is not False and s.get("action") != "base"
+    )
 
 
 def _synth_row(i: int, rec: dict[str, Any]) -> SynthRow:
     q, a = synth_question(rec)
     v = rec.get("unique_verified")
-    st, ed = rec.get("statements"), rec.get("edit_history")
+    st = rec.get("statements")
     return SynthRow(
         index=i,
         question=q,
         answer=a,
         verified=v if isinstance(v, bool) else None,
         statements=len(st) if isinstance(st, list) else 0,
-        edits=len(ed) if isinstance(ed, list) else 0,
+        edits=kept_edits(rec.get("edit_history")),
     )
 
 
 class SynthRun(Run):
     kind: RunKind = "synth"
-    has_lifecycle = False  # until the synth producer marks its end (e.g. a summary.json)
+    # `asearch synth` writes questions.jsonl and its filter report together when an invocation ends (and
+    # again on every resume), so no file tells a running synthesis from a finished one
+    has_lifecycle = False
 
     def __init__(self, run_id: str, path: Path, name: str, files: list[Path]):
         super().__init__(run_id, path, name)
         self.files = files
         self.questions: LineIndex[SynthRow] = LineIndex(files, _synth_row)
-        self.summary = _CachedJson((path if path.is_dir() else path.parent) / "summary.json")
+        # what each gate rejected, written by `asearch synth` beside questions.jsonl
+        self.report = _CachedJson((path if path.is_dir() else path.parent) / "filter_report.json")
 
     def refresh(self) -> None:
         self.questions.refresh()

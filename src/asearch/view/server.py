@@ -263,7 +263,7 @@ def create_app(paths: Sequence[str | Path], cfg: ViewConfig | None = None) -> Fa
                 page_size=cfg.page_size,
                 text=q,
                 only_verified=bool(verified),
-                summary=the_run.summary.get(),
+                report=the_run.report.get(),
             )
         return html_page("Synthesis", body, "synth")
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
         ResilienceConfig,
         TransientError,
     )
-    from asearch.web.runtime import WebRuntime
+    from asearch.web.runtime import WebRuntime, web_metrics
     from asearch.web.searxng import SearxngBackend, SearxngConfig
     from asearch.web.serper import SerperBackend, SerperConfig
     from asearch.web.ssrf import GuardedTransport, SsrfBlocked, UrlPolicy, address_problem, check_url
@@ -70,6 +70,7 @@ _WHERE: dict[str, str] = {
     "WebPageBackend": "asearch.web.tools",
     "WebRuntime": "asearch.web.runtime",
     "WebTools": "asearch.web.tools",
+    "web_metrics": "asearch.web.runtime",
 }
 
 __all__ = [
@@ -110,6 +111,7 @@ __all__ = [
     "extract_text",
     "normalize_query",
     "normalize_url_key",
+    "web_metrics",
 ]
 
 

@@ -1,11 +1,11 @@
 """What every web backend of a run shares: the cache, the cost meter and per-service call counters, and
 the one path a web call takes (cache -> budget -> resilient request -> cache). `metrics()` flattens it
-all under `web/` for a run's metrics.jsonl."""
+all under `web/` for a run's metrics.jsonl, and `web_metrics(tools)` finds it behind an agent's tools."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from asearch.corpus.types import Passage
@@ -86,6 +86,17 @@ class WebRuntime:
 
     def close(self) -> None:
         self.cache.close()
+
+
+def web_metrics(tools: Mapping[str, Any], *, end_step: bool = False) -> dict[str, float]:
+    """`metrics()` of the WebRuntime behind an agent's tools (`{"web/cache/hit_rate": ..., ...}`), or {}
+    when no tool is a web tool. Eval and training call this on whatever tools the config built, so they
+    need no web-specific wiring; tools from one `build_web_tools` share one runtime."""
+    for tool in tools.values():
+        runtime = getattr(getattr(tool, "backend", None), "runtime", None)
+        if isinstance(runtime, WebRuntime):
+            return runtime.metrics(end_step=end_step)
+    return {}
 
 
 # --------------------------------------------------------------------------- search backends

@@ -92,14 +92,33 @@ class WebConfig(Config):
         "direct",
         description="How `access` reads pages: fetch them ourselves, or through a Jina-style reader.",
     )
-    serper: SerperConfig = Field(default_factory=SerperConfig)
-    searxng: SearxngConfig = Field(default_factory=SearxngConfig)
-    jina: JinaConfig = Field(default_factory=JinaConfig)
-    fetch: FetchConfig = Field(default_factory=FetchConfig, description="The direct reader.")
-    cache: CacheConfig = Field(default_factory=CacheConfig)
-    cost: CostConfig = Field(default_factory=CostConfig)
-    search_tool: SearchToolConfig = Field(default_factory=SearchToolConfig)
-    access_tool: AccessToolConfig = Field(default_factory=AccessToolConfig)
+    serper: SerperConfig = Field(
+        default_factory=SerperConfig, description="The Serper API (used when search=serper)."
+    )
+    searxng: SearxngConfig = Field(
+        default_factory=SearxngConfig, description="The SearXNG instance (used when search=searxng)."
+    )
+    jina: JinaConfig = Field(
+        default_factory=JinaConfig, description="The Jina reader (used when reader=jina)."
+    )
+    fetch: FetchConfig = Field(
+        default_factory=FetchConfig, description="The direct reader (used when reader=direct)."
+    )
+    cache: CacheConfig = Field(
+        default_factory=CacheConfig,
+        description="The persistent cache of results and pages; mode=cache_only replays it without calls.",
+    )
+    cost: CostConfig = Field(
+        default_factory=CostConfig, description="Prices per call and the run's budget cap."
+    )
+    search_tool: SearchToolConfig = Field(
+        default_factory=SearchToolConfig,
+        description="The `search` tool's options; under the agent's `tools.web`, set tools.search instead.",
+    )
+    access_tool: AccessToolConfig = Field(
+        default_factory=AccessToolConfig,
+        description="The `access` tool's options; under the agent's `tools.web`, set tools.access instead.",
+    )
 
 
 @dataclass
