@@ -110,3 +110,33 @@ def test_viewer_in_headless_chromium(runs_root, tmp_path):
     if os.environ.get("ASEARCH_UPDATE_DOCS") == "1":  # refresh the docs screenshot on request only
         DOCS_IMAGE.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(tmp_path / "viewer.png", DOCS_IMAGE)
+
+
+def test_viewer_on_a_real_train_run(tiny_world_model_dir, train_command, subprocess_env, tmp_path):
+    """The run directory `asearch train` itself writes (not one made for the test): its reward curve is
+    drawn with one point per step, and a trajectory it logged opens with all its turns."""
+    import subprocess
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    run = tmp_path / "runs" / "train-tiny"
+    done = subprocess.run(
+        train_command(tiny_world_model_dir, run, 4), env=subprocess_env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    logged = [t for _, t in iter_jsonl(run / "trajectories.jsonl")]
+    reward = 'figure.chart[data-title="Reward"] path.series[data-key="rollout/reward_mean"]'
+    with serve_in_thread(create_app([run.parent], ViewConfig(poll_s=0.25))) as url, chromium() as driver:
+        wait = WebDriverWait(driver, 20)
+        driver.get(url + "/")
+        path = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, reward))
+        assert int(path.get_attribute("data-points")) == 4
+        driver.get(url + "/trajectories?run=train-tiny")
+        driver.find_element(By.CSS_SELECTOR, "a.traj-link").click()
+        article = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#detail article.trajectory"))
+        assert article.find_element(By.CSS_SELECTOR, "h2.question").text == logged[-1]["question"]
+        assert len(article.find_elements(By.CSS_SELECTOR, "li.turn")) == len(logged[-1]["turns"]) >= 1
+        driver.save_screenshot(str(tmp_path / "train.png"))
+        assert [e for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []
+    assert (tmp_path / "train.png").read_bytes().startswith(b"\x89PNG")

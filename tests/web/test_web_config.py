@@ -112,6 +112,7 @@ def test_eval_over_the_web_reports_cache_and_cost_and_replays_cache_only(
             str(tmp_path / out),
             "--no-progress",
             "agent.max_turns=12",
+            "agent.style=asearcher",  # the scripted policy's protocol (the default model would get `guided`)
             *web_overrides(fake_web, tmp_path, *extra),
         ]
         res = CliRunner().invoke(root, args)

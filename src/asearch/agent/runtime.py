@@ -174,6 +174,19 @@ def build_engine(cfg: EngineConfig) -> tuple[Any, Any]:
     raise ConfigError(f"unknown engine.kind {cfg.kind!r}")
 
 
+# Instruct models too small to drive the tag protocol on their own (aliases, lower case).
+SMALL_INSTRUCT_MODELS = frozenset({"smollm2-135m-instruct"})
+
+
+def apply_model_style_default(cfg: RuntimeConfig) -> str | None:
+    """Give a small instruct model the `guided` style (it opens the model's turns for it) unless the config
+    chose a style itself. Returns a note for the user when it switched, else None."""
+    if "style" in cfg.agent.model_fields_set or cfg.engine.model.lower() not in SMALL_INSTRUCT_MODELS:
+        return None
+    cfg.agent.style = "guided"
+    return f"{cfg.engine.model}: using the 'guided' agent style (set agent.style or --style to override)"
+
+
 def build_runtime(cfg: RuntimeConfig, *, progress: bool = True) -> Runtime:
     """Everything one agent needs. Call `await runtime.close()` when done."""
     tools, closers = build_tools(cfg.tools, progress=progress)

@@ -13,8 +13,6 @@ from rich.panel import Panel
 
 from asearch.cli.console import ConfigOption, OverridesArg, console
 
-SMALL_INSTRUCT_MODELS = {"smollm2-135m-instruct"}
-
 
 def ask(
     question: Annotated[str, typer.Argument(help="The question to research.")],
@@ -33,7 +31,7 @@ def ask(
     as_json: Annotated[bool, typer.Option("--json", help="Print the whole trajectory as JSON on stdout.")] = False,
 ) -> None:
     """Answer QUESTION with a search agent (default: SmolLM2-135M-Instruct over wiki10k with BM25)."""
-    from asearch.agent.runtime import RuntimeConfig, build_runtime
+    from asearch.agent.runtime import RuntimeConfig, apply_model_style_default, build_runtime
     from asearch.config import load_config
 
     flags = {
@@ -51,11 +49,8 @@ def ask(
     if index is not None or server_url is not None:
         extra.append("tools.corpus=null")
     cfg = load_config(RuntimeConfig, config, [*extra, *(overrides or [])])
-    chose_style = style is not None or config is not None or any(o.startswith("agent.style") for o in overrides or [])
-    if not chose_style and cfg.engine.model.lower() in SMALL_INSTRUCT_MODELS:
-        # a 135M model cannot drive the tag protocol on its own: the guided style opens its turns for it
-        cfg.agent.style = "guided"
-        console.print(f"[dim]{cfg.engine.model}: using the 'guided' agent style (pass --style to override)[/dim]")
+    if note := apply_model_style_default(cfg):
+        console.print(f"[dim]{escape(note)}[/dim]")
 
     async def main():
         with console.status("loading model and index ..."):

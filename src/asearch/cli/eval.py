@@ -159,7 +159,11 @@ def eval_command(
         _print_summary(summary.summary, summary.out_dir)
         return
 
+    from asearch.agent.runtime import apply_model_style_default
+
     cfg = load_config(_run_config_model(), config, [*(overrides or []), *flags])
+    if note := apply_model_style_default(cfg):
+        console.print(f"[dim]{escape(note)}[/dim]")
     e = cfg.eval
     run_dir = e.out or default_out_dir(e.datasets)
     records = _load_records(e)

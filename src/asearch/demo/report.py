@@ -15,16 +15,16 @@ def write_plot(rows: list[dict[str, Any]], path: Path, *, before: float, after: 
     import matplotlib.pyplot as plt
 
     t_r = [r["perf/rl_wall_s"] for r in rows if r.get("rollout/reward_mean") is not None]
-    reward = [r["rollout/accuracy"] for r in rows if r.get("rollout/reward_mean") is not None]
+    reward = [r["rollout/reward_mean"] for r in rows if r.get("rollout/reward_mean") is not None]
     t_e = [r["perf/rl_wall_s"] for r in rows if r.get("eval/heldout_acc") is not None]
     acc = [r["eval/heldout_acc"] for r in rows if r.get("eval/heldout_acc") is not None]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
-    ax.plot(t_r, reward, color="tab:blue", alpha=0.6, label="rollout accuracy (sampled, T=1)")
+    ax.plot(t_r, reward, color="tab:blue", alpha=0.6, label="rollout reward (EM with format gate, sampled at T=1)")
     ax.plot(t_e, acc, "o-", color="tab:red", label="held-out accuracy (greedy, other world)")
     ax.axhline(before, color="grey", ls=":", label=f"held-out before RL ({before:.2f})")
     ax.axhline(after, color="tab:green", ls="--", label=f"held-out after RL ({after:.2f})")
     ax.set_xlabel("RL wall time (s)")
-    ax.set_ylabel("accuracy (exact match)")
+    ax.set_ylabel("reward / accuracy (exact match)")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)

@@ -23,6 +23,13 @@ class SFTConfig(Config):
     weight_decay: float = Field(0.01, ge=0)
     grad_clip: float = Field(1.0, gt=0)
     token_budget: int = Field(16384, ge=64)
+    context_loss_weight: float = Field(
+        0.0,
+        ge=0,
+        description="Weight of a language-modelling loss on the tokens the model read (question, tool results); "
+        "0 = loss on generated tokens only. Tool results repeat names (query, url, title, text), so predicting "
+        "them teaches a small model to copy, which it must do to search and answer.",
+    )
     seed: int = 0
 
 
@@ -44,7 +51,8 @@ def sft(model: Any, samples: Sequence[Sample], cfg: SFTConfig, *, on_step: Calla
         if len(order) < cfg.batch_size:
             order += rng.sample(range(len(samples)), len(samples))
         batch, order = [samples[i] for i in order[: cfg.batch_size]], order[cfg.batch_size :]
-        n_tokens = sum(s.n_generated for s in batch)
+        w_ctx = cfg.context_loss_weight
+        n_tokens = sum(s.n_generated + w_ctx * (len(s.token_ids) - 1 - s.n_generated) for s in batch)
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
         opt.zero_grad(set_to_none=True)
@@ -54,7 +62,9 @@ def sft(model: Any, samples: Sequence[Sample], cfg: SFTConfig, *, on_step: Calla
             lp = sequence_logprobs(model, rows, temperature=1.0)
             mask = torch.zeros_like(lp)
             for r, s in enumerate(rows):
-                mask[r, : len(s.loss_mask)] = torch.tensor(s.loss_mask, dtype=lp.dtype)
+                m = torch.tensor(s.loss_mask, dtype=lp.dtype)
+                mask[r, : len(s.loss_mask)] = m + w_ctx * (1 - m)
+            mask[:, 0] = 0  # the first token has no prediction
             loss = -(lp * mask).sum() / max(n_tokens, 1)
             loss.backward()
             total += loss.item()

@@ -1,0 +1,54 @@
+"""Fixtures shared across test packages: a tiny random model for the world and real `asearch train` runs."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN_WORLD = "world:seed=1,entities=200"
+
+
+@pytest.fixture(scope="session")
+def tiny_world_model_dir(tmp_path_factory) -> Path:
+    """A random tiny Qwen2 whose tokenizer knows the world's pages. Random: its rewards are all 0, so runs
+    made with it keep zero-variance groups to make steps (learning is the demo's job, not these tests')."""
+    torch = pytest.importorskip("torch")
+    from asearch.corpus.world import WorldCorpus
+    from asearch.models.tiny import build_tiny_model, save_tiny, train_bpe_tokenizer
+
+    torch.set_num_threads(1)
+    texts = (d.title + "\n" + d.text for d in WorldCorpus(1, 200).documents())
+    tok = train_bpe_tokenizer(texts, vocab_size=400)
+    model = build_tiny_model(tok, hidden=32, layers=1, heads=2, max_positions=512, seed=0)
+    return save_tiny(model, tok, tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def train_command() -> Callable[..., list[str]]:
+    """`asearch train configs/train-world-tiny.yaml ...` sized to run in seconds on the tiny model."""
+
+    def command(
+        model: Path, out: Path, steps: int, *, batch: int = 2, group: int = 2, eta: int = 2
+    ) -> list[str]:
+        return [
+            sys.executable, "-m", "asearch", "train", str(ROOT / "configs" / "train-world-tiny.yaml"),
+            f"model={model}", f"out={out}", f"steps={steps}", "checkpoint_every=2", "keep_checkpoints=2",
+            f"data={TRAIN_WORLD},n=30", f"tools.corpus={TRAIN_WORLD}", "heldout.dataset=null", "max_rl_seconds=null",
+            f"rollout.batch_size={batch}", f"rollout.group_size={group}", f"rollout.max_staleness={eta}",
+            "rollout.max_concurrent=4", "rollout.drop_zero_variance=false",
+            "agent.max_turns=2", "agent.max_new_tokens=6", "engine.max_seq_len=512", "agent.max_context_tokens=512",
+            "log_trajectories_every=1",
+        ]  # fmt: skip
+
+    return command
+
+
+@pytest.fixture(scope="session")
+def subprocess_env() -> dict[str, str]:
+    """The environment for the asearch subprocesses of a test: one torch thread each, no hub."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
