@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from asearch.web.fakes import FakeWeb
+from asearch.models.tiny import train_bpe_tokenizer
+from asearch.web.fakes import DEFAULT_PAGES, FakeWeb
 
 SERPER_KEY = "sk-serper-test-0123456789abcdef"
 JINA_KEY = "jina-test-fedcba9876543210"
@@ -21,3 +22,11 @@ def fake_web():
 def api_keys(monkeypatch):
     monkeypatch.setenv("SERPER_API_KEY", SERPER_KEY)
     monkeypatch.setenv("JINA_API_KEY", JINA_KEY)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """A byte-level BPE tokenizer that knows the fake web's pages and the agent's tags."""
+    texts = [t for _, t in DEFAULT_PAGES.values()] * 20
+    texts += ["<search></search><access></access><answer></answer><summary></summary><think></think>"] * 20
+    return train_bpe_tokenizer(texts, vocab_size=400)

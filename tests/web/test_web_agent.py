@@ -11,7 +11,6 @@ import pytest
 
 from asearch.agent import AgentConfig, run_episode
 from asearch.engine.scripted import ScriptedEngine
-from asearch.models.tiny import train_bpe_tokenizer
 from asearch.runs import RunDir
 from asearch.tools import AccessTool, SearchTool
 from asearch.web import (
@@ -23,16 +22,8 @@ from asearch.web import (
     WebRuntime,
     build_web_tools,
 )
-from asearch.web.fakes import DEFAULT_PAGES
 
 QUESTION = "Where was Ada Varn born?"
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    texts = [t for _, t in DEFAULT_PAGES.values()] * 20
-    texts += ["<search></search><access></access><answer></answer><summary></summary><think></think>"] * 20
-    return train_bpe_tokenizer(texts, vocab_size=400)
 
 
 def researcher(prompt: str) -> str:

@@ -16,21 +16,12 @@ from asearch.agent.runtime import RuntimeConfig, build_tools
 from asearch.config import load_config
 from asearch.engine.scripted import ScriptedEngine
 from asearch.errors import ConfigError
-from asearch.models.tiny import train_bpe_tokenizer
-from asearch.web.fakes import DEFAULT_PAGES
 from asearch.web.runtime import web_metrics
 
 QUESTIONS = {  # question -> (the search the policy makes, gold answer)
     "Where was Ada Varn born?": ("Ada Varn born", "Oslen"),
     "When was Brightwell founded?": ("Brightwell founded", "1921"),
 }
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    texts = [t for _, t in DEFAULT_PAGES.values()] * 20
-    texts += ["<search></search><access></access><answer></answer><summary></summary><think></think>"] * 20
-    return train_bpe_tokenizer(texts, vocab_size=400)
 
 
 def researcher(prompt: str) -> str:
