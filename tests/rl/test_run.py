@@ -77,3 +77,20 @@ def test_kill_9_then_resume_trains_every_step_once_and_loses_nothing(
     trajs = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
     assert sorted({t["step"] for t in trajs}) == list(range(1, 11))
     assert all(t["reward"] is not None for t in trajs) and len(trajs) == 10 * N
+
+
+def test_the_time_budget_holds_when_every_group_is_rejected(
+    tiny_world_model_dir, train_command, subprocess_env, tmp_path
+) -> None:
+    """A random policy earns reward 0 everywhere, so every group has zero variance and is dropped: no batch
+    ever forms. The run must still stop at max_rl_seconds (it used to wait for a batch forever)."""
+    out = tmp_path / "run"
+    cmd = [*train_command(tiny_world_model_dir, out, 100), "rollout.drop_zero_variance=true", "max_rl_seconds=4"]
+    started = time.monotonic()
+    done = subprocess.run(cmd, env=subprocess_env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = (done.stdout + done.stderr).replace("\n", " ")
+    assert "spent waiting for a batch" in said and "zero_variance" in said
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 0 and summary["rejected_groups"]["zero_variance"] > 0
+    assert summary["rl_wall_seconds"] < 30 and time.monotonic() - started < 200

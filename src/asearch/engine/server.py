@@ -331,6 +331,7 @@ class EngineServer:
                     self.weight_version = str(body["weight_version"])
                 self.model_path = str(path)
                 self.counts["weight_updates"] += 1
+                log.info("loaded weights %s as weight_version %s", path, self.weight_version)
                 return True, "Succeeded to update model weights."
             finally:
                 self.updating = False
@@ -490,7 +491,7 @@ def engine_server_command(
     ]
 
 
-def launch_engine_server(
+def engine_server_supervisor(
     model: str | os.PathLike[str],
     *,
     log_path: str | os.PathLike[str],
@@ -504,9 +505,8 @@ def launch_engine_server(
     env: Mapping[str, str] | None = None,
     cfg: SupervisorConfig | None = None,
 ) -> tuple[ServerSupervisor, str]:
-    """Start `asearch engine serve MODEL` as a supervised subprocess on 127.0.0.1, wait for /health.
+    """The supervisor of `asearch engine serve MODEL` on 127.0.0.1, not yet started, and its base URL.
 
-    Returns (supervisor, base_url); talk to it with `SGLangEngine(base_url)`, stop it with `sup.stop()`.
     The child gets OMP_NUM_THREADS=threads so its torch pool matches --threads.
     """
     from asearch.net import free_port
@@ -534,5 +534,15 @@ def launch_engine_server(
         cfg=cfg or SupervisorConfig(health_timeout_s=180),
         name=f"engine:{port}",
     )
-    sup.start()
     return sup, f"http://127.0.0.1:{port}"
+
+
+def launch_engine_server(model: str | os.PathLike[str], **kwargs: Any) -> tuple[ServerSupervisor, str]:
+    """Start `asearch engine serve MODEL` as a supervised subprocess on 127.0.0.1, wait for /health.
+
+    Returns (supervisor, base_url); talk to it with `SGLangEngine(base_url)`, stop it with `sup.stop()`.
+    Keyword arguments as for `engine_server_supervisor`.
+    """
+    sup, url = engine_server_supervisor(model, **kwargs)
+    sup.start()
+    return sup, url

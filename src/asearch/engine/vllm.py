@@ -349,7 +349,7 @@ def vllm_server_env(
     }
 
 
-def launch_vllm_server(
+def vllm_server_supervisor(
     model_dir: str | os.PathLike[str],
     *,
     log_path: str | os.PathLike[str],
@@ -362,7 +362,7 @@ def launch_vllm_server(
     env: Mapping[str, str] | None = None,
     cfg: SupervisorConfig | None = None,
 ) -> tuple[ServerSupervisor, str]:
-    """Start a supervised vLLM server on 127.0.0.1 and wait for /health; returns (supervisor, base_url)."""
+    """The supervisor of a vLLM server on 127.0.0.1, not yet started, and its base URL."""
     port = port or free_port()
     cmd = vllm_server_command(
         model_dir,
@@ -381,8 +381,15 @@ def launch_vllm_server(
         cfg=cfg,
         name=f"vllm:{port}",
     )
-    sup.start()
     return sup, f"http://127.0.0.1:{port}"
+
+
+def launch_vllm_server(model_dir: str | os.PathLike[str], **kwargs: Any) -> tuple[ServerSupervisor, str]:
+    """Start a supervised vLLM server on 127.0.0.1 and wait for /health; returns (supervisor, base_url).
+    Keyword arguments as for `vllm_server_supervisor`."""
+    sup, url = vllm_server_supervisor(model_dir, **kwargs)
+    sup.start()
+    return sup, url
 
 
 if __name__ == "__main__":  # pragma: no cover - manual smoke: python -m asearch.engine.vllm MODEL_DIR

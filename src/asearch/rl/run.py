@@ -3,29 +3,36 @@
 The loop, per step: wait for B fresh groups (generation keeps going meanwhile) -> advantages ->
 policy update (in a worker thread: the event loop keeps driving episodes) -> push weights to the
 engine (in-flight requests resume under them) -> bump the version -> log, evaluate, checkpoint.
+
+The engine is in-process by default; with `rollout_servers` it is a pool of rollout servers (given by
+URL, or started by `launcher=local`) that load each version from RUN/weights/vN.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import random
 import shutil
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from asearch.agent.loop import AgentConfig, run_episode
 from asearch.agent.runtime import ToolsConfig, build_tools
 from asearch.config import Config
 from asearch.engine.inprocess import InProcessEngine, InProcessEngineConfig
+from asearch.engine.pool import EnginePool, RolloutServersConfig, open_pool
+from asearch.engine.types import Engine
 from asearch.files import atomic_write_json
+from asearch.launch.spec import Allocation
 from asearch.metrics.reward import RewardConfig, compute_reward
 from asearch.rl.controller import ControllerConfig, Group, RolloutController
 from asearch.rl.trainer import PolicyTrainer, TrainerConfig, groups_to_samples
@@ -48,7 +55,19 @@ class TrainConfig(Config):
     out: Path | None = Field(None, description="Run directory (default runs/train-<time>).")
     model: str = Field(description="Initial policy: HF directory, name or alias.")
     threads: int = Field(1, ge=1, description="torch intra-op threads (trainer and engine each use this many).")
-    engine: InProcessEngineConfig = Field(default_factory=InProcessEngineConfig)
+    engine: InProcessEngineConfig = Field(
+        default_factory=InProcessEngineConfig,
+        description="The in-process engine; with launcher=local also the servers' batch, length and dtype.",
+    )
+    rollout_servers: RolloutServersConfig | None = Field(
+        None, description="Generate on rollout servers instead of in this process (None: in-process engine)."
+    )
+    launcher: Literal["none", "local"] = Field(
+        "none",
+        description="none: use the in-process engine or rollout_servers.urls; local: start "
+        "allocation.rollout_servers servers on this machine (subprocesses) for this run.",
+    )
+    allocation: Allocation = Field(default_factory=Allocation, description="What a launcher starts.")
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     agent: AgentConfig = Field(default_factory=AgentConfig)
     data: str = Field(description="Training questions: a QA set spec or file.")
@@ -61,6 +80,22 @@ class TrainConfig(Config):
     checkpoint_every: int = Field(10, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     log_trajectories_every: int = Field(5, ge=1, description="Every N steps, save one group's trajectories.")
+
+    @model_validator(mode="after")
+    def _check_servers(self) -> TrainConfig:
+        urls = self.rollout_servers.urls if self.rollout_servers else []
+        if self.launcher == "local" and urls:
+            raise ValueError(f"launcher=local starts its own servers: drop rollout_servers.urls ({urls})")
+        if self.launcher == "none" and self.rollout_servers is not None and not urls:
+            raise ValueError("rollout_servers needs urls of running servers, or launcher=local to start them")
+        return self
+
+    @property
+    def servers(self) -> RolloutServersConfig | None:
+        """The rollout servers' settings, or None when generation runs in this process."""
+        if self.launcher == "none":
+            return self.rollout_servers
+        return self.rollout_servers or RolloutServersConfig()
 
 
 def cycle_data(records: Sequence[dict[str, Any]], seed: int, start: int = 0) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -119,6 +154,69 @@ def save_checkpoint(run: Path, step: int, trainer: PolicyTrainer, state: dict[st
     return final
 
 
+# ---------------------------------------------------------------------------- the rollout engine
+
+
+@contextlib.asynccontextmanager
+async def rollout_engine(
+    cfg: TrainConfig, run: Path, trainer: PolicyTrainer, tokenizer: Any, version: int, log=print
+) -> AsyncIterator[Engine]:
+    """The engine the agents sample from, holding the trainer's weights as `version`: in-process (the
+    default), or a pool over rollout servers, given by URL or started here (launcher=local) and stopped
+    on the way out, error or Ctrl-C included. Servers start from `model`, so they get the trainer's
+    weights (after a resume: the checkpoint's) before the first request."""
+    servers = cfg.servers
+    if servers is None:
+        engine = InProcessEngine(trainer.model, tokenizer, cfg=cfg.engine, version=version)
+        try:
+            yield engine
+        finally:
+            await engine.close()
+        return
+    launcher = None
+    if cfg.launcher == "local":
+        from asearch.launch.local import LocalLauncher
+
+        launcher = LocalLauncher(
+            cfg.model, cfg.allocation, servers, engine=cfg.engine, log_dir=run / "logs", seed=cfg.seed,
+            trainer_threads=cfg.threads, log=log,
+        )  # fmt: skip
+    try:
+        if launcher is not None:
+            await asyncio.to_thread(launcher.start)
+        urls, sups = (launcher.urls, launcher.supervisors) if launcher else (servers.urls, [])
+        engine = open_pool(servers, urls, supervisors=sups, version=version)
+        log(f"generation: {len(urls)} {servers.kind} rollout server(s) ({', '.join(urls)}), weights via disk")
+        try:
+            await push_weights(engine, trainer, tokenizer, version, run, servers)
+            yield engine
+        finally:
+            await engine.close()
+            if launcher is not None:
+                launcher.write_manifest()
+    finally:
+        if launcher is not None:
+            launcher.stop()
+
+
+async def push_weights(
+    engine: Engine, trainer: PolicyTrainer, tokenizer: Any, version: int, run: Path,
+    servers: RolloutServersConfig | None,
+) -> None:  # fmt: skip
+    """Make `version` the engine's weights. In-process: the live state dict. Rollout servers: the policy is
+    saved as RUN/weights/v{version} (atomically; the latest `keep_weights` stay) and every server loads it."""
+    if servers is None:
+        await engine.update_weights(trainer.model.state_dict(), version)
+        return
+    path = await asyncio.to_thread(trainer.save_hf, run / "weights" / f"v{version}", tokenizer)
+    await engine.update_weights(path, version)
+    saved = {int(p.name[1:]): p for p in (run / "weights").glob("v[0-9]*")}
+    older = sorted(v for v in saved if v < version)
+    newer = [v for v in saved if v > version]  # written before a kill, by steps that resume redoes
+    for v in older[: max(len(older) - (servers.keep_weights - 1), 0)] + newer:
+        shutil.rmtree(saved[v], ignore_errors=True)
+
+
 # ---------------------------------------------------------------------------- the run
 
 
@@ -149,7 +247,8 @@ async def train(cfg: TrainConfig, *, run: RunDir, log=print, model=None, tokeniz
             log(f"dropped {dropped} metrics/trajectory rows logged after step {start_step} (they are redone)")
         log(f"resumed from {ckpt} (step {start_step}, {len(parts['ready'])} queued groups, {len(parts['redo'])} to redo)")
     version = start_step
-    engine = InProcessEngine(policy, tokenizer, cfg=cfg.engine, version=version)
+    engines = contextlib.AsyncExitStack()  # closed (servers stopped) in the `finally` of the loop
+    engine = await engines.enter_async_context(rollout_engine(cfg, run.path, trainer, tokenizer, version, log))
 
     async def episode(sample: dict[str, Any], k: int):
         return await run_episode(
@@ -196,7 +295,13 @@ async def train(cfg: TrainConfig, *, run: RunDir, log=print, model=None, tokeniz
             last_eval_t = time.perf_counter()
         while step < cfg.steps and (cfg.max_rl_seconds is None or rl_wall() < cfg.max_rl_seconds):
             t0 = time.perf_counter()
-            batch = await controller.get_batch()
+            try:  # the time budget holds while waiting too (e.g. when every group is rejected)
+                left = None if cfg.max_rl_seconds is None else max(cfg.max_rl_seconds - rl_wall(), 0.0)
+                batch = await asyncio.wait_for(controller.get_batch(), timeout=left)
+            except TimeoutError:
+                log(f"RL time budget ({cfg.max_rl_seconds:.0f}s) spent waiting for a batch; rejected so far: "
+                    f"{dict(controller.rejected)}")  # fmt: skip
+                break
             if batch is None:
                 log("training data exhausted")
                 break
@@ -205,7 +310,7 @@ async def train(cfg: TrainConfig, *, run: RunDir, log=print, model=None, tokeniz
             stats = await asyncio.to_thread(trainer.train_step, samples, policy_version=version)
             t2 = time.perf_counter()
             version += 1
-            await engine.update_weights(policy.state_dict(), version)
+            await push_weights(engine, trainer, tokenizer, version, run.path, cfg.servers)
             controller.set_version(version)
             t3 = time.perf_counter()
             step += 1
@@ -239,7 +344,9 @@ async def train(cfg: TrainConfig, *, run: RunDir, log=print, model=None, tokeniz
                 save_checkpoint(run.path, step, trainer, state, cfg.keep_checkpoints)
     finally:
         await controller.close()
-        await engine.close()
+        if isinstance(engine, EnginePool):
+            summary["rollout_servers"] = engine.stats()
+        await engines.aclose()
         for c in closers:
             if inspect.isawaitable(res := c()):  # web and server clients close asynchronously
                 await res

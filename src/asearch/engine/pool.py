@@ -1,0 +1,313 @@
+"""One `Engine` over several rollout servers that serve the same policy (`TrainConfig.rollout_servers`).
+
+    pool = EnginePool([SGLangEngine(url) for url in urls], supervisors=sups)
+    resp = await pool.generate(request)         # sticky by trajectory_id, else the least-loaded server
+    await pool.update_weights("RUN/weights/v3", 3)   # every live server loads the directory
+
+Routing. Every request of a trajectory goes to the server that served its first turn, whose prefix
+cache holds the trajectory's KV. A new trajectory goes to the server with the fewest requests in flight.
+
+Failover. When a request fails on a server (it died or stopped answering), that server leaves the pool
+and the request is sent again, from its prompt, to another server. The trajectory keeps its earlier
+turns and loses only the tokens of the interrupted turn, so no group is lost and the controller has
+nothing to redo. A server rejoins once it answers /health and holds the latest weights: a restarted
+server comes back with the weights it was launched with, so the pool loads the latest directory into
+it first. With `supervisors` (the launchers pass them) a restart is also seen when no request failed.
+Tokens stay honestly tagged meanwhile: a launched server labels its weights (`--weight-version`), and
+`SGLangEngine` tags tokens with the label of the weights that made them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field
+
+from asearch.config import Config
+from asearch.engine.http import RETRY_STATUS, HttpConfig, RemoteHTTPError
+from asearch.engine.types import Engine, GenerateRequest, GenerateResponse, WeightSource
+from asearch.errors import RemoteError
+
+if TYPE_CHECKING:
+    from asearch.engine.supervisor import ServerSupervisor
+
+log = logging.getLogger(__name__)
+
+
+class RolloutServersConfig(Config):
+    """Generation on rollout servers (their own processes) instead of in the trainer's process."""
+
+    kind: Literal["sglang", "vllm"] = Field(
+        "sglang",
+        description="sglang: SGLang's native API, also served by `asearch engine serve`; vllm: vLLM's "
+        "OpenAI server started with VLLM_SERVER_DEV_MODE=1 (see docs/engines-remote.md).",
+    )
+    urls: list[str] = Field(
+        default_factory=list,
+        description="Servers already running (same model). Empty with launcher=local: it starts them.",
+    )
+    weights: Literal["disk"] = Field(
+        "disk",
+        description="How a new version reaches the servers: saved as an HF directory RUN/weights/vN, then "
+        "loaded by every server (update_weights_from_disk / reload_weights).",
+    )
+    keep_weights: int = Field(
+        2, ge=2, description="Saved versions kept on disk (the latest is what a restarted server loads)."
+    )
+    model_name: str = Field("policy", description="vLLM's --served-model-name (kind vllm).")
+    http: HttpConfig = Field(
+        default_factory=lambda: HttpConfig(retries=1, max_concurrency=256),
+        description="Per server. Few retries: a failed request moves to another server instead.",
+    )
+    revive_timeout_s: float = Field(
+        600.0, gt=0, description="How long a request waits when no server is up before the run fails."
+    )
+
+
+@dataclass(eq=False)
+class _Member:
+    engine: Any  # an Engine serving one server
+    name: str
+    supervisor: ServerSupervisor | None = None
+    up: bool = True
+    inflight: int = 0  # requests now on this server
+    served: int = 0  # requests answered
+    failures: int = 0  # times it left the pool
+    moved: int = 0  # requests that failed here and were sent to another server
+    updates: int = 0  # weight versions it loaded (pushed by update_weights or on rejoining)
+    starts: int = 0  # the supervisor's launch count when it last held the pool's weights
+    reviving: asyncio.Task | None = None
+
+
+class EnginePool:
+    """An `Engine` that fans out over engines serving the same policy, one per server."""
+
+    def __init__(
+        self,
+        engines: Sequence[Engine],
+        *,
+        names: Sequence[str] | None = None,
+        supervisors: Sequence[ServerSupervisor | None] = (),
+        version: int = 0,
+        revive_timeout_s: float = 600.0,
+        max_sticky: int = 100_000,
+    ):
+        if not engines:
+            raise ValueError("EnginePool needs at least one engine")
+        names = list(names) if names is not None else [f"server-{i}" for i in range(len(engines))]
+        sups = list(supervisors) or [None] * len(engines)
+        if not (len(names) == len(sups) == len(engines)):
+            raise ValueError(f"{len(engines)} engines, {len(names)} names and {len(sups)} supervisors differ")
+        self.members = [
+            _Member(e, n, s, starts=s.starts if s is not None else 0)
+            for e, n, s in zip(engines, names, sups, strict=True)
+        ]
+        self.revive_timeout_s = revive_timeout_s
+        self.failovers = 0  # requests sent again to another server after one failed
+        self._version = version
+        self._latest: WeightSource | None = None  # what a rejoining server must load
+        self._sticky: OrderedDict[str, _Member] = OrderedDict()  # trajectory id -> its server
+        self._max_sticky = max_sticky
+        self._lock = asyncio.Lock()  # weight updates and rejoins, one at a time
+        self._any_up = asyncio.Event()
+        self._any_up.set()
+        self._paused = False
+        self._closing = False
+
+    # ------------------------------------------------------------------ Engine protocol
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def generate(self, request: GenerateRequest) -> GenerateResponse:
+        key = request.trajectory_id or request.request_id
+        for _ in range(4 * len(self.members)):  # every server may fail once or twice before we give up
+            m = await self._pick(key)
+            m.inflight += 1
+            try:
+                resp = await m.engine.generate(request)
+            except RemoteError as e:
+                refused = (
+                    isinstance(e, RemoteHTTPError)
+                    and e.status_code < 500
+                    and e.status_code not in RETRY_STATUS
+                )
+                if self._closing or refused:
+                    raise  # closing, or a bad request (4xx): another server would refuse it too
+                self._lose(m, e)
+                m.moved += 1
+                self.failovers += 1
+                continue
+            finally:
+                m.inflight -= 1
+            m.served += 1
+            return resp
+        raise RemoteError(f"request {request.request_id} failed on every rollout server; see their logs")
+
+    async def pause(self) -> None:
+        self._paused = True
+        await self._each("pause")
+
+    async def resume(self) -> None:
+        self._paused = False
+        await self._each("resume")
+
+    async def update_weights(self, source: WeightSource, version: int) -> None:
+        """Every live server loads `source`; one that fails leaves the pool and loads it when it rejoins."""
+        async with self._lock:
+            await self._each("update_weights", source, version, locked=True)
+            self._latest, self._version = source, version
+
+    async def close(self) -> None:
+        """Stop sending (requests in flight end with stop_reason 'abort'). Does not stop the servers."""
+        self._closing = True
+        self._any_up.set()
+        for m in self.members:
+            if m.reviving is not None:
+                m.reviving.cancel()
+        await asyncio.gather(*(m.engine.close() for m in self.members), return_exceptions=True)
+
+    def stats(self) -> list[dict[str, Any]]:
+        """Per server: up, requests in flight and answered, times it left the pool, requests moved to
+        another server, versions loaded (and the current one), crash restarts."""
+        return [
+            {
+                "name": m.name,
+                "up": m.up,
+                "inflight": m.inflight,
+                "served": m.served,
+                "failures": m.failures,
+                "requests_moved": m.moved,
+                "weight_updates": m.updates,
+                "version": m.engine.version,
+                "restarts": m.supervisor.restarts if m.supervisor is not None else None,
+            }
+            for m in self.members
+        ]
+
+    # ------------------------------------------------------------------ routing
+
+    async def _pick(self, key: str) -> _Member:
+        """The trajectory's server while it is up; otherwise the live server with the fewest requests."""
+        while True:
+            for m in self.members:  # a supervisor relaunched it: it lost the pool's weights
+                if m.up and m.supervisor is not None and m.supervisor.starts != m.starts:
+                    self._lose(m, "restarted by its supervisor")
+            m = self._sticky.get(key)
+            if m is not None and m.up:
+                self._sticky.move_to_end(key)
+                return m
+            live = [m for m in self.members if m.up]
+            if live:
+                m = min(live, key=lambda m: (m.inflight, m.served))
+                self._sticky[key] = m
+                if len(self._sticky) > self._max_sticky:
+                    self._sticky.popitem(last=False)
+                return m
+            if self._closing:
+                raise RemoteError("the engine pool is closed")
+            self._any_up.clear()
+            try:
+                await asyncio.wait_for(self._any_up.wait(), self.revive_timeout_s)
+            except TimeoutError:
+                raise RemoteError(
+                    f"no rollout server up for {self.revive_timeout_s:g}s: "
+                    + "; ".join(f"{m.name}: {m.failures} failures" for m in self.members)
+                    + ". Read the servers' logs."
+                ) from None
+
+    async def _each(self, method: str, *args: Any, locked: bool = False) -> None:
+        """Call `method` on every live server at once; a server that fails leaves the pool."""
+        if not locked:
+            async with self._lock:
+                return await self._each(method, *args, locked=True)
+        live = [m for m in self.members if m.up]
+        results = await asyncio.gather(
+            *(getattr(m.engine, method)(*args) for m in live), return_exceptions=True
+        )
+        for m, r in zip(live, results, strict=True):
+            if isinstance(r, RemoteError):
+                self._lose(m, r)
+            elif isinstance(r, BaseException):
+                raise r  # not the server's fault (e.g. a bad weights directory): every server would refuse it
+            elif method == "update_weights":
+                m.updates += 1
+
+    # ------------------------------------------------------------------ failures
+
+    def _lose(self, m: _Member, why: object) -> None:
+        """Take `m` out of routing and start bringing it back (health, then the latest weights)."""
+        if not m.up or self._closing:
+            return
+        m.up, m.failures = False, m.failures + 1
+        log.warning("%s left the rollout pool (%s); its requests go to the others", m.name, why)
+        m.reviving = asyncio.create_task(self._revive(m), name=f"revive-{m.name}")
+
+    async def _revive(self, m: _Member) -> None:
+        start = time.monotonic()
+        while not self._closing:
+            if m.supervisor is not None and m.supervisor.failed:
+                log.error("%s stays out of the rollout pool: %s", m.name, m.supervisor.failed)
+                return
+            healthy = all(await m.engine.health()) if hasattr(m.engine, "health") else True
+            if healthy:
+                try:
+                    async with self._lock:
+                        restarted = m.supervisor is None or m.supervisor.starts != m.starts
+                        if m.supervisor is not None:
+                            m.starts = m.supervisor.starts
+                        if self._latest is not None and (restarted or m.engine.version != self._version):
+                            await m.engine.update_weights(self._latest, self._version)
+                            m.updates += 1
+                        if self._paused:
+                            await m.engine.pause()
+                        m.up = True
+                        self._any_up.set()
+                    log.warning("%s rejoined the rollout pool after %.1fs", m.name, time.monotonic() - start)
+                    return
+                except RemoteError as e:
+                    log.warning("%s: could not rejoin yet (%s)", m.name, e)
+                except Exception as e:  # e.g. the weights directory is gone: retrying cannot help
+                    log.error("%s stays out of the rollout pool: %s: %s", m.name, type(e).__name__, e)
+                    return
+            await asyncio.sleep(0.5)
+
+
+def open_pool(
+    cfg: RolloutServersConfig,
+    urls: Sequence[str],
+    *,
+    supervisors: Sequence[ServerSupervisor | None] = (),
+    version: int = 0,
+) -> EnginePool:
+    """An `EnginePool` with one client per URL of the configured kind (servers labelled `version`)."""
+    if not urls:
+        raise ValueError("rollout_servers: no server URLs (give rollout_servers.urls, or launcher=local)")
+    sups = list(supervisors) or [None] * len(urls)
+    engines: list[Engine] = []
+    for url, sup in zip(urls, sups, strict=True):
+        if cfg.kind == "sglang":
+            from asearch.engine.sglang import SGLangEngine, SGLangEngineConfig
+
+            engines.append(SGLangEngine(url, cfg=SGLangEngineConfig(http=cfg.http, initial_version=version)))
+        else:
+            from asearch.engine.vllm import VLLMEngine, VLLMEngineConfig
+
+            engines.append(
+                VLLMEngine(
+                    url,
+                    cfg.model_name,
+                    cfg=VLLMEngineConfig(http=cfg.http, initial_version=version),
+                    supervisors=[sup] if sup is not None else [],
+                )
+            )
+    return EnginePool(
+        engines, names=list(urls), supervisors=sups, version=version, revive_timeout_s=cfg.revive_timeout_s
+    )

@@ -1,0 +1,1 @@
+"""Launchers: place rollout servers and trainer ranks by an allocation spec (`local`: subprocesses here)."""
