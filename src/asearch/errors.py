@@ -5,7 +5,8 @@
     ├── DataFormatError        a malformed corpus/dataset line (names file, line, field)
     ├── IndexError_            missing, stale or mismatched index directory
     ├── ToolError              a tool could not run (rendered to the agent as an observation)
-    └── RemoteError            a server we talk to failed or answered badly
+    ├── RemoteError            a server we talk to failed or answered badly
+    └── LaunchError            no cluster, or the allocation does not fit it
 """
 
 from __future__ import annotations
@@ -41,3 +42,7 @@ class ToolError(AsearchError):
 
 class RemoteError(AsearchError):
     """A remote server (retrieval, inference, web API) failed or answered with bad data."""
+
+
+class LaunchError(AsearchError):
+    """A launcher could not reach its cluster or place what the allocation asks for."""

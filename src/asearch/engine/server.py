@@ -496,6 +496,7 @@ def engine_server_supervisor(
     *,
     log_path: str | os.PathLike[str],
     port: int | None = None,
+    host: str = "127.0.0.1",
     threads: int = 1,
     max_batch: int | None = None,
     max_seq_len: int | None = None,
@@ -505,9 +506,8 @@ def engine_server_supervisor(
     env: Mapping[str, str] | None = None,
     cfg: SupervisorConfig | None = None,
 ) -> tuple[ServerSupervisor, str]:
-    """The supervisor of `asearch engine serve MODEL` on 127.0.0.1, not yet started, and its base URL.
-
-    The child gets OMP_NUM_THREADS=threads so its torch pool matches --threads.
+    """The supervisor of `asearch engine serve MODEL` on `host` (loopback by default), not yet started,
+    and its base URL. The child gets OMP_NUM_THREADS=threads so its torch pool matches --threads.
     """
     from asearch.net import free_port
 
@@ -522,8 +522,8 @@ def engine_server_supervisor(
         if value is not None:
             args += [flag, str(value)]
     sup = ServerSupervisor(
-        engine_server_command(model, port=port, threads=threads, extra_args=args),
-        f"http://127.0.0.1:{port}/health",
+        engine_server_command(model, port=port, host=host, threads=threads, extra_args=args),
+        f"http://{host}:{port}/health",
         log_path=log_path,
         env={
             "OMP_NUM_THREADS": str(threads),
@@ -534,7 +534,7 @@ def engine_server_supervisor(
         cfg=cfg or SupervisorConfig(health_timeout_s=180),
         name=f"engine:{port}",
     )
-    return sup, f"http://127.0.0.1:{port}"
+    return sup, f"http://{host}:{port}"
 
 
 def launch_engine_server(model: str | os.PathLike[str], **kwargs: Any) -> tuple[ServerSupervisor, str]:

@@ -354,6 +354,7 @@ def vllm_server_supervisor(
     *,
     log_path: str | os.PathLike[str],
     port: int | None = None,
+    host: str = "127.0.0.1",
     served_model_name: str = "model",
     python: str | None = None,
     max_model_len: int | None = None,
@@ -362,11 +363,12 @@ def vllm_server_supervisor(
     env: Mapping[str, str] | None = None,
     cfg: SupervisorConfig | None = None,
 ) -> tuple[ServerSupervisor, str]:
-    """The supervisor of a vLLM server on 127.0.0.1, not yet started, and its base URL."""
+    """The supervisor of a vLLM server on `host` (loopback by default), not yet started, and its base URL."""
     port = port or free_port()
     cmd = vllm_server_command(
         model_dir,
         port=port,
+        host=host,
         python=python,
         served_model_name=served_model_name,
         max_model_len=max_model_len,
@@ -375,13 +377,13 @@ def vllm_server_supervisor(
     )
     sup = ServerSupervisor(
         cmd,
-        f"http://127.0.0.1:{port}/health",
+        f"http://{host}:{port}/health",
         log_path=log_path,
         env={**vllm_server_env(), **(env or {})},
         cfg=cfg,
         name=f"vllm:{port}",
     )
-    return sup, f"http://127.0.0.1:{port}"
+    return sup, f"http://{host}:{port}"
 
 
 def launch_vllm_server(model_dir: str | os.PathLike[str], **kwargs: Any) -> tuple[ServerSupervisor, str]:

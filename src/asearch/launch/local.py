@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -20,36 +19,23 @@ from typing import Any
 from asearch.engine.inprocess import InProcessEngineConfig
 from asearch.engine.pool import RolloutServersConfig
 from asearch.engine.supervisor import ServerSupervisor, SupervisorConfig
-from asearch.files import atomic_write_json
-from asearch.launch.spec import Allocation
+from asearch.launch.spec import Allocation, Launcher
 
 
-class LocalLauncher:
+class LocalLauncher(Launcher):
     """Start `allocation.rollout_servers` servers here; `urls` and `supervisors` say where they are."""
 
-    def __init__(
-        self,
-        model: str,
-        allocation: Allocation,
-        servers: RolloutServersConfig,
-        *,
-        log_dir: Path,
-        engine: InProcessEngineConfig | None = None,
-        seed: int = 0,
-        trainer_threads: int = 1,
-        supervisor: SupervisorConfig | None = None,
-        log: Callable[[str], Any] = print,
-    ):
-        self.allocation, self.servers, self.log_dir, self.log = allocation, servers, Path(log_dir), log
-        self.trainer_threads = trainer_threads
+    def __init__(self, model: str, allocation: Allocation, servers: RolloutServersConfig, **kwargs: Any):
+        super().__init__(model, allocation, servers, **kwargs)
         made = [
-            self._supervisor(
-                model, i, engine or InProcessEngineConfig(), seed, supervisor or SupervisorConfig()
-            )
+            rollout_server_supervisor(
+                model, i, allocation, servers, self.engine, seed=self.seed,
+                log_path=self.log_dir / f"rollout-{i}.log", cfg=self.sup_cfg,
+            )  # fmt: skip
             for i in range(allocation.rollout_servers)
         ]
         self.supervisors: list[ServerSupervisor] = [sup for sup, _ in made]
-        self.urls: list[str] = [url for _, url in made]
+        self.urls = [url for _, url in made]
 
     def start(self) -> None:
         """Launch every server at once and wait until all answer /health. On a failure, stop them all."""
@@ -87,52 +73,49 @@ class LocalLauncher:
         with ThreadPoolExecutor(len(self.supervisors)) as pool:
             list(pool.map(ServerSupervisor.stop, self.supervisors))
 
-    def write_manifest(self) -> None:
-        """RUN/logs/servers.json: name, URL, current pid, crash restarts and log of every server."""
-        atomic_write_json(
-            self.log_dir / "servers.json",
-            [
-                {"name": s.name, "url": u, "pid": s.pid, "restarts": s.restarts, "log": str(s.log_path)}
-                for s, u in zip(self.supervisors, self.urls, strict=True)
-            ],
-        )
 
-    def __enter__(self) -> LocalLauncher:
-        self.start()
-        return self
+def rollout_server_supervisor(
+    model: str,
+    i: int,
+    allocation: Allocation,
+    servers: RolloutServersConfig,
+    engine: InProcessEngineConfig,
+    *,
+    seed: int,
+    log_path: Path,
+    cfg: SupervisorConfig,
+    host: str = "127.0.0.1",
+    cores: int | None = None,
+) -> tuple[ServerSupervisor, str]:
+    """Rollout server `i` of a run, not yet started: an `asearch engine serve` (kind sglang) or a vLLM
+    server (kind vllm) on `host`, and its base URL. Both launchers start servers through this."""
+    t = allocation.server_threads
+    if servers.kind == "vllm":
+        from asearch.engine.vllm import vllm_server_supervisor
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def _supervisor(
-        self, model: str, i: int, engine: InProcessEngineConfig, seed: int, sup_cfg: SupervisorConfig
-    ) -> tuple[ServerSupervisor, str]:
-        log_path = self.log_dir / f"rollout-{i}.log"
-        t = self.allocation.server_threads
-        if self.servers.kind == "vllm":
-            from asearch.engine.vllm import vllm_server_supervisor
-
-            cores = os.cpu_count() or 1
-            first = (i * t) % cores
-            last = min(first + t, cores) - 1  # server i binds its own cores when there are enough
-            return vllm_server_supervisor(
-                model,
-                log_path=log_path,
-                served_model_name=self.servers.model_name,
-                max_model_len=engine.max_seq_len,
-                env={"VLLM_CPU_OMP_THREADS_BIND": f"{first}-{last}"},
-                cfg=sup_cfg,
-            )
-        from asearch.engine.server import engine_server_supervisor
-
-        return engine_server_supervisor(
+        cores = cores or os.cpu_count() or 1
+        first = (i * t) % cores
+        last = min(first + t, cores) - 1  # server i binds its own cores when there are enough
+        return vllm_server_supervisor(
             model,
             log_path=log_path,
-            threads=t,
-            max_batch=engine.max_batch,
-            max_seq_len=engine.max_seq_len,
-            seed=seed + i,  # servers sample different streams for requests without a seed
-            weight_version="0",  # the launch weights are version 0; tokens made with them say so
-            extra_args=["--dtype", engine.dtype, "--prefix-cache-mb", str(engine.prefix_cache_mb)],
-            cfg=sup_cfg,
+            host=host,
+            served_model_name=servers.model_name,
+            max_model_len=engine.max_seq_len,
+            env={"VLLM_CPU_OMP_THREADS_BIND": f"{first}-{last}"},
+            cfg=cfg,
         )
+    from asearch.engine.server import engine_server_supervisor
+
+    return engine_server_supervisor(
+        model,
+        log_path=log_path,
+        host=host,
+        threads=t,
+        max_batch=engine.max_batch,
+        max_seq_len=engine.max_seq_len,
+        seed=seed + i,  # servers sample different streams for requests without a seed
+        weight_version="0",  # the launch weights are version 0; tokens made with them say so
+        extra_args=["--dtype", engine.dtype, "--prefix-cache-mb", str(engine.prefix_cache_mb)],
+        cfg=cfg,
+    )

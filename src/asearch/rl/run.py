@@ -5,7 +5,8 @@ policy update (in a worker thread: the event loop keeps driving episodes) -> pus
 engine (in-flight requests resume under them) -> bump the version -> log, evaluate, checkpoint.
 
 The engine is in-process by default; with `rollout_servers` it is a pool of rollout servers (given by
-URL, or started by `launcher=local`) that load each version from RUN/weights/vN.
+URL, or started by `launcher=local` / `launcher=ray`) that load each version from RUN/weights/vN. With
+`launcher=ray` the trainer is `allocation.trainer_ranks` FSDP ranks on the cluster, not this process.
 """
 
 from __future__ import annotations
@@ -62,10 +63,11 @@ class TrainConfig(Config):
     rollout_servers: RolloutServersConfig | None = Field(
         None, description="Generate on rollout servers instead of in this process (None: in-process engine)."
     )
-    launcher: Literal["none", "local"] = Field(
+    launcher: Literal["none", "local", "ray"] = Field(
         "none",
         description="none: use the in-process engine or rollout_servers.urls; local: start "
-        "allocation.rollout_servers servers on this machine (subprocesses) for this run.",
+        "allocation.rollout_servers servers on this machine (subprocesses) for this run; ray: start the "
+        "servers and allocation.trainer_ranks FSDP trainer ranks as actors on a Ray cluster.",
     )
     allocation: Allocation = Field(default_factory=Allocation, description="What a launcher starts.")
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
@@ -84,8 +86,13 @@ class TrainConfig(Config):
     @model_validator(mode="after")
     def _check_servers(self) -> TrainConfig:
         urls = self.rollout_servers.urls if self.rollout_servers else []
-        if self.launcher == "local" and urls:
-            raise ValueError(f"launcher=local starts its own servers: drop rollout_servers.urls ({urls})")
+        if self.launcher != "none" and urls:
+            raise ValueError(f"launcher={self.launcher} starts its own servers: drop rollout_servers.urls ({urls})")
+        if self.launcher != "ray" and self.allocation.trainer_ranks > 1:
+            raise ValueError(
+                f"allocation.trainer_ranks={self.allocation.trainer_ranks} needs launcher=ray (FSDP ranks as "
+                f"Ray actors); launcher={self.launcher} trains in this process"
+            )
         if self.launcher == "none" and self.rollout_servers is not None and not urls:
             raise ValueError("rollout_servers needs urls of running servers, or launcher=local to start them")
         return self
@@ -139,7 +146,7 @@ def latest_checkpoint(run: Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
-def save_checkpoint(run: Path, step: int, trainer: PolicyTrainer, state: dict[str, Any], keep: int) -> Path:
+def save_checkpoint(run: Path, step: int, trainer: Any, state: dict[str, Any], keep: int) -> Path:
     final = run / "checkpoints" / f"step_{step}"
     tmp = run / "checkpoints" / f".tmp_step_{step}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -159,12 +166,12 @@ def save_checkpoint(run: Path, step: int, trainer: PolicyTrainer, state: dict[st
 
 @contextlib.asynccontextmanager
 async def rollout_engine(
-    cfg: TrainConfig, run: Path, trainer: PolicyTrainer, tokenizer: Any, version: int, log=print
+    cfg: TrainConfig, run: Path, trainer: Any, tokenizer: Any, version: int, log=print, launcher: Any = None
 ) -> AsyncIterator[Engine]:
     """The engine the agents sample from, holding the trainer's weights as `version`: in-process (the
-    default), or a pool over rollout servers, given by URL or started here (launcher=local) and stopped
-    on the way out, error or Ctrl-C included. Servers start from `model`, so they get the trainer's
-    weights (after a resume: the checkpoint's) before the first request."""
+    default), or a pool over rollout servers, given by URL or started by `launcher` (see `make_launcher`)
+    and stopped on the way out, error or Ctrl-C included. Servers start from `model`, so they get the
+    trainer's weights (after a resume: the checkpoint's) before the first request."""
     servers = cfg.servers
     if servers is None:
         engine = InProcessEngine(trainer.model, tokenizer, cfg=cfg.engine, version=version)
@@ -173,14 +180,6 @@ async def rollout_engine(
         finally:
             await engine.close()
         return
-    launcher = None
-    if cfg.launcher == "local":
-        from asearch.launch.local import LocalLauncher
-
-        launcher = LocalLauncher(
-            cfg.model, cfg.allocation, servers, engine=cfg.engine, log_dir=run / "logs", seed=cfg.seed,
-            trainer_threads=cfg.threads, log=log,
-        )  # fmt: skip
     try:
         if launcher is not None:
             await asyncio.to_thread(launcher.start)
@@ -199,8 +198,22 @@ async def rollout_engine(
             launcher.stop()
 
 
+def make_launcher(cfg: TrainConfig, run: Path, log=print) -> Any:
+    """The launcher `cfg.launcher` names (not started), or None: local subprocesses or Ray actors."""
+    if cfg.launcher == "none":
+        return None
+    if cfg.launcher == "local":
+        from asearch.launch.local import LocalLauncher as launcher_cls
+    else:
+        from asearch.launch.ray import RayLauncher as launcher_cls
+    return launcher_cls(
+        cfg.model, cfg.allocation, cfg.servers, engine=cfg.engine, log_dir=run / "logs", seed=cfg.seed,
+        trainer_threads=cfg.threads, log=log,
+    )  # fmt: skip
+
+
 async def push_weights(
-    engine: Engine, trainer: PolicyTrainer, tokenizer: Any, version: int, run: Path,
+    engine: Engine, trainer: Any, tokenizer: Any, version: int, run: Path,
     servers: RolloutServersConfig | None,
 ) -> None:  # fmt: skip
     """Make `version` the engine's weights. In-process: the live state dict. Rollout servers: the policy is
@@ -228,27 +241,43 @@ async def train(cfg: TrainConfig, *, run: RunDir, log=print, model=None, tokeniz
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     run.save_config(cfg)
-    policy = model if model is not None else load_model(cfg.model)
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model)
-    trainer = PolicyTrainer(policy, cfg.trainer, temperature=cfg.agent.temperature, total_steps=cfg.steps)
     records = _load_records(cfg.data)
     tools, closers = build_tools(cfg.tools, progress=False)
     heldout = _load_records(cfg.heldout.dataset) if cfg.heldout.dataset else []
     heldout_tools = build_tools(cfg.heldout.tools, progress=False)[0] if cfg.heldout.tools else tools
 
     start_step, rl_wall_before, parts = 0, 0.0, {}
-    ckpt = latest_checkpoint(run.path)
-    if ckpt is not None:
-        trainer.load_state_dict(torch.load(ckpt / "trainer.pt", weights_only=False))
-        state = json.loads((ckpt / "state.json").read_text())
-        start_step, rl_wall_before = state["step"], state["rl_wall_s"]
-        parts = RolloutController.restore_parts(state["controller"])
-        if dropped := run.rewind(start_step):
-            log(f"dropped {dropped} metrics/trajectory rows logged after step {start_step} (they are redone)")
-        log(f"resumed from {ckpt} (step {start_step}, {len(parts['ready'])} queued groups, {len(parts['redo'])} to redo)")
-    version = start_step
     engines = contextlib.AsyncExitStack()  # closed (servers stopped) in the `finally` of the loop
-    engine = await engines.enter_async_context(rollout_engine(cfg, run.path, trainer, tokenizer, version, log))
+    launcher = make_launcher(cfg, run.path, log)
+    try:  # until the loop's `finally` owns them, a failure here must stop what the launcher placed
+        if cfg.launcher == "ray":  # the policy lives in the FSDP ranks on the cluster
+            await asyncio.to_thread(launcher.connect)
+            trainer = await asyncio.to_thread(
+                launcher.trainer, cfg.trainer, temperature=cfg.agent.temperature, total_steps=cfg.steps
+            )
+            n_params = trainer.parameters
+        else:
+            policy = model if model is not None else load_model(cfg.model)
+            trainer = PolicyTrainer(policy, cfg.trainer, temperature=cfg.agent.temperature, total_steps=cfg.steps)
+            n_params = sum(p.numel() for p in policy.parameters())
+        ckpt = latest_checkpoint(run.path)
+        if ckpt is not None:
+            trainer.load_state_dict(torch.load(ckpt / "trainer.pt", weights_only=False))
+            state = json.loads((ckpt / "state.json").read_text())
+            start_step, rl_wall_before = state["step"], state["rl_wall_s"]
+            parts = RolloutController.restore_parts(state["controller"])
+            if dropped := run.rewind(start_step):
+                log(f"dropped {dropped} metrics/trajectory rows logged after step {start_step} (they are redone)")
+            log(f"resumed from {ckpt} (step {start_step}, {len(parts['ready'])} queued groups, {len(parts['redo'])} to redo)")
+        version = start_step
+        engine = await engines.enter_async_context(
+            rollout_engine(cfg, run.path, trainer, tokenizer, version, log, launcher)
+        )
+    except BaseException:
+        if launcher is not None:
+            await asyncio.to_thread(launcher.stop)
+        raise
 
     async def episode(sample: dict[str, Any], k: int):
         return await run_episode(
@@ -269,7 +298,7 @@ async def train(cfg: TrainConfig, *, run: RunDir, log=print, model=None, tokeniz
     log(
         f"RL: {len(records)} questions, B={B} groups x n={n} samples = {B * n} trajectories/step, eta={eta} "
         f"({'synchronous' if eta == 0 else 'one-step-off' if eta == 1 else 'fully asynchronous'}), "
-        f"<= {cfg.rollout.max_concurrent} groups in flight, {sum(p.numel() for p in policy.parameters()):,} params"
+        f"<= {cfg.rollout.max_concurrent} groups in flight, {n_params:,} params"
     )
 
     # ---- the loop

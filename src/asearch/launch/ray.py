@@ -1,0 +1,296 @@
+"""The Ray launcher (`launcher=ray`): rollout servers and FSDP trainer ranks as actors on a Ray cluster.
+
+    ray start --head --num-cpus 8            # once per cluster (other nodes: ray start --address HEAD:6379)
+    asearch train CONFIG launcher=ray allocation.rollout_servers=4 allocation.trainer_ranks=4
+
+Each rollout server is one actor that reserves `server_cpus`/`server_gpus` and supervises its server
+process on its node (health checks, relaunch on a crash, log at RUN/logs/rollout-<i>.log); the run's
+`EnginePool` routes trajectories to the servers and moves a failed server's requests to the others, so a
+crash loses no group. The trainer is `trainer_ranks` actors running `DistributedPolicyTrainer` (FSDP2:
+gloo on CPU, NCCL on GPU) in one process group; this process (controller and agents) sends each batch to
+every rank and rank 0 writes the weights the servers load (RUN must be on a filesystem every node sees).
+
+Before placing anything the launcher checks that the cluster has the CPUs and GPUs the allocation asks
+for: Ray would otherwise wait forever for an actor it cannot place.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from asearch.engine.inprocess import InProcessEngineConfig
+from asearch.engine.pool import RolloutServersConfig
+from asearch.engine.supervisor import SupervisorConfig
+from asearch.errors import LaunchError
+from asearch.launch.spec import Allocation, Launcher
+
+# ---------------------------------------------------------------------------- actors (run on the cluster)
+
+
+class RolloutServerActor:
+    """Supervises one rollout server process on the node Ray placed this actor on."""
+
+    def __init__(self, model: str, index: int, allocation: Allocation, servers: RolloutServersConfig,
+                 engine: InProcessEngineConfig, seed: int, log_path: str, cfg: SupervisorConfig):  # fmt: skip
+        import ray
+
+        from asearch.launch.local import rollout_server_supervisor
+
+        host = "127.0.0.1" if allocation.bind == "loopback" else ray.util.get_node_ip_address()
+        self.sup, self.url = rollout_server_supervisor(
+            model, index, allocation, servers, engine, seed=seed, log_path=Path(log_path), cfg=cfg, host=host
+        )
+
+    def start(self) -> str:
+        self.sup.start()
+        return self.url
+
+    def status(self) -> dict[str, Any]:
+        s = self.sup
+        return {"starts": s.starts, "restarts": s.restarts, "failed": s.failed, "pid": s.pid}
+
+    def stop(self) -> None:
+        self.sup.stop()
+
+
+class TrainerRankActor:
+    """One rank of the FSDP trainer: `setup` joins the process group (every rank at once), then each
+    method is called on every rank with the same arguments, as `DistributedPolicyTrainer` requires."""
+
+    def __init__(self, rank: int, world_size: int, threads: int):
+        self.rank, self.world_size, self.threads = rank, world_size, threads
+
+    def address(self, bind: str) -> tuple[str, int]:
+        """Where rank 0 hosts the process group's rendezvous: loopback (one machine) or this node's IP."""
+        import ray
+
+        from asearch.net import free_port
+
+        return ("127.0.0.1" if bind == "loopback" else ray.util.get_node_ip_address()), free_port()
+
+    def setup(self, master: tuple[str, int], model: str, trainer_cfg: Any, temperature: float, total_steps: int) -> int:
+        import torch
+
+        from asearch.models.loading import load_model
+        from asearch.rl.distributed import DistributedPolicyTrainer, init_distributed
+
+        # Ray gives each GPU actor its own CUDA_VISIBLE_DEVICES, so every rank's GPU is cuda:0.
+        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
+                          MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))  # fmt: skip
+        torch.set_num_threads(self.threads)
+        torch.manual_seed(0)  # the trainer's own seeded rng decides minibatches; this covers dropout etc.
+        env = init_distributed()
+        self.trainer = DistributedPolicyTrainer(
+            load_model(model), trainer_cfg, env=env, temperature=temperature, total_steps=total_steps
+        )
+        return sum(p.numel() for p in self.trainer.model.parameters()) if self.rank == 0 else 0
+
+    def train_step(self, samples: list[Any], policy_version: int) -> dict[str, float]:
+        return self.trainer.train_step(samples, policy_version=policy_version)
+
+    def save_hf(self, directory: str, tokenizer: Any) -> str:
+        return str(self.trainer.save_hf(directory, tokenizer))
+
+    def state_dict(self) -> dict[str, Any] | None:
+        state = self.trainer.state_dict()  # collective: every rank, the full state on rank 0
+        return state if self.rank == 0 else None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.trainer.load_state_dict(state)
+
+
+# ---------------------------------------------------------------------------- driver side
+
+
+class RemoteSupervisor:
+    """The `ServerSupervisor` view the rollout pool reads (`starts`, `restarts`, `failed`, `pid`) for a
+    server supervised by an actor; a thread refreshes it every `poll_s` (a relaunched server loads its
+    model for seconds before it is healthy, so the pool sees the new `starts` before it rejoins)."""
+
+    def __init__(self, actor: Any, name: str, log_path: Path, poll_s: float = 0.25):
+        self.actor, self.name, self.log_path, self.poll_s = actor, name, log_path, poll_s
+        self.starts = self.restarts = 0
+        self.failed: str | None = None
+        self.pid: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def refresh(self) -> None:
+        import ray
+
+        st = ray.get(self.actor.status.remote(), timeout=30)
+        self.starts, self.restarts, self.failed, self.pid = st["starts"], st["restarts"], st["failed"], st["pid"]
+
+    def watch(self) -> None:
+        self.refresh()
+
+        def loop() -> None:
+            while not self._stop.wait(self.poll_s):
+                try:
+                    self.refresh()
+                except Exception as e:  # noqa: BLE001 - the actor is gone: the server is gone with it
+                    self.failed = f"its Ray actor is unreachable: {type(e).__name__}: {e}"
+                    return
+
+        self._thread = threading.Thread(target=loop, name=f"watch-{self.name}", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop refreshing (the launcher stops the server itself)."""
+        self._stop.set()
+
+
+class RayTrainerGroup:
+    """The trainer the RL loop drives (`train_step`, `save_hf`, `state_dict`, `load_state_dict`), run by
+    `ranks` actors; each call goes to every rank and returns rank 0's answer."""
+
+    def __init__(self, ranks: Sequence[Any], parameters: int):
+        self.ranks, self.parameters = list(ranks), parameters
+
+    def _all(self, method: str, *args: Any) -> list[Any]:
+        import ray
+
+        return ray.get([getattr(r, method).remote(*args) for r in self.ranks])
+
+    def train_step(self, samples: Sequence[Any], *, policy_version: int) -> dict[str, float]:
+        import ray
+
+        ref = ray.put(list(samples))  # one copy in the object store, read by every rank
+        return self._all("train_step", ref, policy_version)[0]
+
+    def save_hf(self, directory: str | os.PathLike[str], tokenizer: Any = None) -> Path:
+        return Path(self._all("save_hf", str(directory), tokenizer)[0])
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._all("state_dict")[0]
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        import ray
+
+        self._all("load_state_dict", ray.put(state))
+
+
+class RayLauncher(Launcher):
+    """Places the allocation on a Ray cluster: `start()` the servers (`urls`, `supervisors` for the pool),
+    `trainer()` the FSDP ranks, `stop()` everything (idempotent; `asearch train` calls it on every exit)."""
+
+    def __init__(self, model: str, allocation: Allocation, servers: RolloutServersConfig, **kwargs: Any):
+        super().__init__(model, allocation, servers, **kwargs)
+        self._servers: list[Any] = []  # server actors, started or not: stop() stops each one's process
+        self._actors: list[Any] = []
+        self._connected_here = self._checked = False
+
+    # ---- the cluster
+
+    def connect(self) -> None:
+        """Join the cluster and check that the whole allocation fits in its free resources (once)."""
+        import ray
+
+        if self._checked:
+            return
+        if not ray.is_initialized():
+            address = self.allocation.ray_address or os.environ.get("RAY_ADDRESS") or "auto"
+            try:
+                ray.init(address=address, log_to_driver=False, logging_level="warning")
+            except ConnectionError as e:
+                raise LaunchError(
+                    f"launcher=ray: no Ray cluster at {address!r} ({e}). Start one with `ray start --head "
+                    "--num-cpus N` (RAY_AUTH_MODE=disabled on a private network), or set allocation.ray_address."
+                ) from None
+            self._connected_here = True
+        a = self.allocation
+        server_cpus, rank_cpus = a.cpus(self.trainer_threads)
+        need = {
+            "CPU": a.rollout_servers * server_cpus + a.trainer_ranks * rank_cpus,
+            "GPU": a.rollout_servers * a.server_gpus + a.trainer_ranks * a.rank_gpus,
+        }
+        free = ray.available_resources()
+        short = {k: (v, free.get(k, 0.0)) for k, v in need.items() if v > free.get(k, 0.0) + 1e-9}
+        if short:
+            raise LaunchError(
+                "launcher=ray: the allocation needs "
+                + ", ".join(f"{v:g} {k} (the cluster has {have:g} free)" for k, (v, have) in short.items())
+                + f" for {a.rollout_servers} server(s) x {server_cpus:g} CPU/{a.server_gpus:g} GPU and "
+                f"{a.trainer_ranks} trainer rank(s) x {rank_cpus:g} CPU/{a.rank_gpus:g} GPU; Ray would wait "
+                "forever. Lower allocation.* (server_cpus, rank_cpus accept fractions) or add nodes."
+            )
+        self.log(
+            f"ray launcher: {a.rollout_servers} {self.servers.kind} rollout server(s) and {a.trainer_ranks} "
+            f"trainer rank(s) ({need['CPU']:g} CPUs, {need['GPU']:g} GPUs of the cluster's "
+            f"{free.get('CPU', 0):g}/{free.get('GPU', 0):g} free); logs in {self.log_dir}"
+        )
+        self._checked = True
+
+    # ---- rollout servers
+
+    def start(self) -> None:
+        """Place and start every server at once; wait until all answer /health. On a failure, stop them all."""
+        import ray
+
+        self.connect()
+        a = self.allocation
+        server_cpus, _ = a.cpus(self.trainer_threads)
+        actor_cls = ray.remote(RolloutServerActor).options(num_cpus=server_cpus, num_gpus=a.server_gpus)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            actors = []
+            for i in range(a.rollout_servers):
+                log_path = self.log_dir / f"rollout-{i}.log"
+                actor = actor_cls.remote(
+                    self.model, i, a, self.servers, self.engine, self.seed, str(log_path), self.sup_cfg
+                )
+                actors.append((actor, log_path))
+                self._servers.append(actor)
+                self._actors.append(actor)
+            self.urls = ray.get([actor.start.remote() for actor, _ in actors])
+            self.supervisors = [
+                RemoteSupervisor(actor, f"rollout-{i}", log_path) for i, (actor, log_path) in enumerate(actors)
+            ]
+            for s in self.supervisors:
+                s.watch()
+        except BaseException:  # also Ctrl-C while waiting: no server may outlive us
+            self.stop()
+            raise
+        self.write_manifest()
+
+    # ---- trainer ranks
+
+    def trainer(self, trainer_cfg: Any, *, temperature: float, total_steps: int) -> RayTrainerGroup:
+        """The FSDP trainer on `allocation.trainer_ranks` actors, each loading `model` (call after `connect`)."""
+        import ray
+
+        a = self.allocation
+        _, rank_cpus = a.cpus(self.trainer_threads)
+        actor_cls = ray.remote(TrainerRankActor).options(num_cpus=rank_cpus, num_gpus=a.rank_gpus)
+        ranks = [actor_cls.remote(r, a.trainer_ranks, self.trainer_threads) for r in range(a.trainer_ranks)]
+        self._actors += ranks
+        t0 = time.perf_counter()
+        master = ray.get(ranks[0].address.remote(a.bind))
+        params = ray.get([r.setup.remote(master, self.model, trainer_cfg, temperature, total_steps) for r in ranks])
+        self.log(f"ray launcher: {a.trainer_ranks} trainer rank(s) ready in {time.perf_counter() - t0:.1f}s "
+                 f"(process group at {master[0]}:{master[1]})")  # fmt: skip
+        return RayTrainerGroup(ranks, params[0])
+
+    # ---- the end
+
+    def stop(self) -> None:
+        """Stop every server process, then end every actor. Idempotent."""
+        import ray
+
+        if not ray.is_initialized():
+            return
+        for s in self.supervisors:
+            s.close()
+        stopping = [actor.stop.remote() for actor in self._servers]
+        ray.wait(stopping, num_returns=len(stopping), timeout=60)
+        for actor in self._actors:
+            ray.kill(actor)
+        self._servers, self._actors, self.supervisors = [], [], []
+        if self._connected_here:
+            ray.shutdown()
+            self._connected_here = self._checked = False
