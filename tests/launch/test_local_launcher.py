@@ -166,3 +166,43 @@ def test_ctrl_c_stops_the_servers(tiny_world_model_dir, train_command, subproces
             proc.kill()
             proc.wait()
     assert_stopped(out)  # the servers run in their own sessions: Ctrl-C reaches them through the launcher
+
+
+def test_servers_exit_when_the_trainer_is_killed(
+    tiny_world_model_dir, train_command, subprocess_env, tmp_path
+) -> None:
+    """SIGKILL leaves the launcher no chance to stop anything: the servers notice their parent is gone."""
+    out = tmp_path / "run"
+    cmd = [*train_command(tiny_world_model_dir, out, 100_000, batch=B, group=N, eta=ETA), *LOCAL]
+    proc = subprocess.Popen(cmd, env=subprocess_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    t0 = time.monotonic()
+    try:
+        while not rows(out):
+            assert proc.poll() is None and time.monotonic() - t0 < 90, "no step 1 in 90 s"
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait()
+    pids = [s["pid"] for s in json.loads((out / "logs" / "servers.json").read_text())]
+    killed = time.monotonic()
+    while time.monotonic() - killed < 30:
+        alive = [p for p in pids if _alive(p)]
+        if not alive:
+            break
+        time.sleep(0.2)
+    assert not alive, f"servers {alive} still running 30 s after the trainer was killed"
+    print(f"both servers exited {time.monotonic() - killed:.1f}s after the trainer's SIGKILL")
+    log = (out / "logs" / "rollout-0.log").read_text()
+    assert "is gone: shutting down" in log
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (exited, not yet reaped by init) counts as gone
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

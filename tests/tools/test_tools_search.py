@@ -85,6 +85,15 @@ def test_topk_and_cut_are_configurable():
     assert obs.text == '[Doc 1](https://w.test/Long_Read):\n"Long Read"\nv'
 
 
+def test_urls_can_be_left_out():
+    cfg = SearchToolConfig(topk=2, max_doc_chars=13, show_urls=False)
+    tool = SearchTool(OverlapRetriever(PASSAGES), cfg)
+    obs = run(run_tool(tool, "volcano"))
+    assert obs.text == '[Doc 1]:\n"Long Read"\nv\n\n[Doc 2]:\n"Short"\na vol'
+    assert obs.metadata["urls"] == ["https://w.test/Long_Read", "https://w.test/Short"]  # still recorded
+    assert "[Doc k]:" in tool.description
+
+
 def test_no_results_says_so_with_the_query():
     obs = run(run_tool(SearchTool(OverlapRetriever(PASSAGES)), "glaciers"))
     assert obs.text == "No search results were found for the query 'glaciers'."

@@ -40,6 +40,13 @@ def serve(
     weight_version: Annotated[
         str, typer.Option(help="Label of the initial weights (meta_info.weight_version).")
     ] = "default",
+    exit_with_parent: Annotated[
+        bool,
+        typer.Option(
+            help="Exit when the process that started this server dies (launchers set it, so a "
+            "trainer killed with SIGKILL leaves no server behind)."
+        ),
+    ] = False,
 ) -> None:
     """Serve MODEL with the in-process engine behind SGLang's native API (/generate, /update_weights_from_disk, ...).
 
@@ -83,4 +90,27 @@ def serve(
         f"{escape(model)}, {threads} thread(s), max_batch {max_batch}, weight_version {escape(weight_version)}",
         soft_wrap=True,
     )
+    if exit_with_parent:
+        _exit_with_parent()
     run_engine_server(server, host=host, port=port)
+
+
+def _exit_with_parent(poll_s: float = 1.0) -> None:
+    """A watchdog thread: when the parent dies this process is re-parented (getppid changes); then stop
+    like on Ctrl-C (SIGTERM: the server shuts down cleanly), and hard-exit if that takes over 10 s."""
+    import os
+    import signal
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        logging.getLogger("asearch.engine.server").warning("parent process %d is gone: shutting down", parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()

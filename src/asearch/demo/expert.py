@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-_DOC = re.compile(r"\[Doc \d+\]\((?P<url>[^)]+)\):\n(?P<body>.*?)(?=\n\n\[Doc \d+\]|\Z)", re.S)
 _NAME = re.compile(r"\b[A-Z][a-z]+(?: [A-Z][a-z]+)*\b")
 
 

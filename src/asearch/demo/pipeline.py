@@ -94,7 +94,7 @@ def _tokenizer_texts(corpus, records) -> Any:
         yield doc.title + "\n" + doc.text
     for r in records[:500]:
         ev = r.metadata["evidence"]
-        yield f"Question: {r.question}\n<search>{ev[0]['entity']}</search>\n<information>\n[Doc 1]({ev[0]['url']}):\n"
+        yield f"Question: {r.question}\n<search>{ev[0]['entity']}</search>\n<information>\n[Doc 1]:\n"
         yield f"<answer>{r.golds[0]}</answer>"
 
 
@@ -121,7 +121,8 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
     write_jsonl(data_dir / "train.jsonl", (r.to_jsonl_dict() for r in train_records))
     write_jsonl(data_dir / "heldout.jsonl", (r.to_jsonl_dict() for r in heldout_records))
     write_jsonl(data_dir / "heldout_small.jsonl", (r.to_jsonl_dict() for r in heldout_records[:: max(1, len(heldout_records) // cfg.heldout_during_rl)][: cfg.heldout_during_rl]))
-    search_cfg = {"topk": cfg.topk, "max_doc_chars": 400}
+    # no access tool here, so the urls would only cost tokens (a third of an expert episode, measured)
+    search_cfg = {"topk": cfg.topk, "max_doc_chars": 400, "show_urls": False}
     train_tools_cfg = ToolsConfig(corpus=train_spec, search=search_cfg, access=None)
     heldout_tools_cfg = ToolsConfig(corpus=heldout_spec, search=search_cfg, access=None)
     train_tools, _ = build_tools(train_tools_cfg, progress=False)

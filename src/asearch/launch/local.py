@@ -29,9 +29,15 @@ class LocalLauncher(Launcher):
         super().__init__(model, allocation, servers, **kwargs)
         made = [
             rollout_server_supervisor(
-                model, i, allocation, servers, self.engine, seed=self.seed,
-                log_path=self.log_dir / f"rollout-{i}.log", cfg=self.sup_cfg,
-            )  # fmt: skip
+                model,
+                i,
+                allocation,
+                servers,
+                self.engine,
+                seed=self.seed,
+                log_path=self.log_dir / f"rollout-{i}.log",
+                cfg=self.sup_cfg,
+            )
             for i in range(allocation.rollout_servers)
         ]
         self.supervisors: list[ServerSupervisor] = [sup for sup, _ in made]
@@ -116,6 +122,12 @@ def rollout_server_supervisor(
         max_seq_len=engine.max_seq_len,
         seed=seed + i,  # servers sample different streams for requests without a seed
         weight_version="0",  # the launch weights are version 0; tokens made with them say so
-        extra_args=["--dtype", engine.dtype, "--prefix-cache-mb", str(engine.prefix_cache_mb)],
+        extra_args=[
+            "--dtype",
+            engine.dtype,
+            "--prefix-cache-mb",
+            str(engine.prefix_cache_mb),
+            "--exit-with-parent",
+        ],
         cfg=cfg,
     )

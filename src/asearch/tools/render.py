@@ -11,13 +11,14 @@ from dataclasses import dataclass
 from asearch.retrieval.base import SearchHit
 
 
-def render_search(hits: Sequence[SearchHit], query: str, *, max_doc_chars: int) -> str:
-    """`[Doc k](url):` on its own line, then the passage contents (title line + text) cut at
-    `max_doc_chars`; blocks separated by a blank line. No hits -> a sentence that says so."""
+def render_search(hits: Sequence[SearchHit], query: str, *, max_doc_chars: int, show_urls: bool = True) -> str:
+    """`[Doc k](url):` (`[Doc k]:` without urls) on its own line, then the passage contents (title line
+    + text) cut at `max_doc_chars`; blocks separated by a blank line. No hits -> a sentence that says so."""
     if not hits:
         return f"No search results were found for the query {query!r}."
     blocks = [
-        f"[Doc {k}]({h.passage.url}):\n{h.passage.contents[:max_doc_chars]}" for k, h in enumerate(hits, 1)
+        f"[Doc {k}]" + (f"({h.passage.url})" if show_urls else "") + f":\n{h.passage.contents[:max_doc_chars]}"
+        for k, h in enumerate(hits, 1)
     ]
     return "\n\n".join(blocks)
 
