@@ -80,6 +80,30 @@ def test_different_seeds_share_no_entity_names():
     assert set(owned_roots(NAME_PARTITIONS)) == roots[0]  # the documented limit: seeds equal modulo 256
 
 
+def test_worlds_can_share_a_name_pool_and_keep_their_own_facts():
+    """`names=N`: names from world N's roots; which entity gets which name, and every fact, stay seed-specific."""
+    a, b = WorldCorpus(1, 2000, names=9), WorldCorpus(2, 2000, names=9)
+    pool, given = set(owned_roots(9)), {*given_names("female"), *given_names("male")}
+    for w in (a, b):
+        words = {r for e in w.graph.entities() for r in e.name.split()} - given
+        roots = {r for r in words if root_index(r) is not None}
+        assert roots and roots <= pool, sorted(roots - pool)[:5]
+    used = [{r for e in w.graph.entities() for r in e.name.split()} - given for w in (a, b)]
+    assert len(used[0] & used[1]) >= 0.3 * len(used[0])  # the same name words recur (other seeds: none)
+    places = [{e.name: e for e in w.graph.entities() if e.type == "city"} for w in (a, b)]
+    shared = sorted(places[0].keys() & places[1].keys())
+    assert len(shared) >= 10, shared
+    countries = [(a.graph.one(places[0][n].id, "country"), b.graph.one(places[1][n].id, "country")) for n in shared]
+    differ = sum(a.graph.get(x).name != b.graph.get(y).name for x, y in countries)
+    assert differ >= 0.6 * len(shared), (differ, len(shared))  # same name, other facts
+    assert a.content_digest() != WorldCorpus(1, 2000).content_digest()
+    assert a.name == "world:seed=1,entities=2000,names=9" and parse_world_spec(a.name)["names"] == 9
+    assert a.fingerprint() != WorldCorpus(1, 2000).fingerprint()
+    assert WorldCorpus(1, 600).fingerprint() == WorldCorpus(1, 600, names=None).fingerprint()
+    opened = open_corpus("world:seed=2,entities=2000,names=9")
+    assert opened.content_digest() == b.content_digest()
+
+
 def test_root_strings_are_distinct_and_decode_back():
     # exhaustive: distinct indices give distinct strings, so disjoint root sets give disjoint names
     assert len({root_string(i) for i in range(ROOT_SPACE)}) == ROOT_SPACE

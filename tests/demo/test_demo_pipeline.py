@@ -42,3 +42,14 @@ def test_demo_writes_summary_plot_report_and_rl_run(tmp_path: Path) -> None:
     train = [json.loads(line) for line in (out / "data" / "train.jsonl").read_text().splitlines()]
     held = [json.loads(line) for line in (out / "data" / "heldout.jsonl").read_text().splitlines()]
     assert train and held and not {q["question"] for q in train} & {q["question"] for q in held}
+
+
+def test_demo_worlds_can_share_one_name_pool() -> None:
+    """`names=N`: the training and held-out questions point at worlds that draw names from world N."""
+    from asearch.demo.pipeline import _world_records
+
+    train = _world_records(1, 300, 9, (1, 2, 3), "t", names=9)
+    held = _world_records(128, 300, 9, (1, 2, 3), "h", names=9)
+    assert {r.metadata["corpus"] for r in train} == {"world:seed=1,entities=300,names=9"}
+    assert {r.metadata["corpus"] for r in held} == {"world:seed=128,entities=300,names=9"}
+    assert len(train) == len(held) == 9

@@ -28,6 +28,7 @@ def test_spec_parsing():
         hops=(1, 2, 3), entities=500, qseed=4
     )
     assert parse_builtin_spec("world:hops=3+1") == WorldSetSpec(hops=(1, 3))
+    assert parse_builtin_spec("world:seed=3,names=9") == WorldSetSpec(seed=3, names=9)
     assert parse_builtin_spec("wiki10k") == Wiki10kSetSpec()
     assert parse_builtin_spec("wiki10k:n=50,seed=2") == Wiki10kSetSpec(n=50, seed=2)
     for bad, msg in [
@@ -40,6 +41,18 @@ def test_spec_parsing():
     ]:
         with pytest.raises(AsearchError, match=msg):
             parse_builtin_spec(bad)
+
+
+def test_world_set_with_a_shared_name_pool_points_at_that_corpus():
+    from asearch.corpus.sources import open_corpus
+
+    records = world_questions(WorldSetSpec(seed=3, n=6, entities=600, names=9), dataset="w")
+    corpus = records[0].metadata["corpus"]
+    assert corpus == "world:seed=3,entities=600,names=9"
+    world = open_corpus(corpus)
+    for r in records:  # every evidence page is in the corpus the record names
+        for ev in r.metadata["evidence"]:
+            assert world.page(ev["url"]).title == ev["entity"]
 
 
 def test_held_out_seed_shares_no_names_with_low_training_seeds():

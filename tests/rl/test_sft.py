@@ -61,3 +61,17 @@ def test_context_loss_teaches_the_read_tokens_too(model_and_samples):
         trained[w] = ctx_nll(m)
     assert trained[1.0] < 0.5 * before
     assert trained[1.0] < 0.5 * trained[0.0]
+
+
+def test_bf16_autocast_gives_the_same_first_loss_and_learns(model_and_samples):
+    """bfloat16 autocast: the first loss within bf16 rounding of float32's; training still lowers it;
+    the weights stay float32."""
+    model, samples = model_and_samples
+    cfg = SFTConfig(steps=1, batch_size=2)
+    exact = sft(copy.deepcopy(model), samples, cfg)[0]
+    m = copy.deepcopy(model)
+    fast = sft(m, samples, cfg.model_copy(update={"bf16": True}))[0]
+    assert fast == pytest.approx(exact, rel=2e-2) and fast != exact
+    assert all(p.dtype == torch.float32 for p in m.parameters())
+    losses = sft(copy.deepcopy(model), samples, SFTConfig(steps=30, batch_size=2, lr=1e-2, warmup_steps=0, bf16=True))
+    assert losses[-1] < 0.5 * losses[0]

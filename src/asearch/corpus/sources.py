@@ -11,12 +11,12 @@ from asearch.corpus.types import CorpusSource, Document, Page
 from asearch.errors import AsearchError, ConfigError
 
 CORPUS_SPEC_HELP = (
-    "a corpus is 'wiki10k', 'world' (options: 'world:7' for seed 7, or 'world:seed=7,entities=3000'), "
+    "a corpus is 'wiki10k', 'world' (options: 'world:7' for seed 7, or 'world:seed=7,entities=3000', 'names=N' to draw names from world N's pool), "
     "or the path of a .jsonl file"
 )
 
 # `world:key=value` keys -> WorldCorpus keyword arguments
-_WORLD_OPTIONS = {"seed": "seed", "entities": "n_entities"}
+_WORLD_OPTIONS = {"seed": "seed", "entities": "n_entities", "names": "names"}
 
 
 class JsonlCorpus:

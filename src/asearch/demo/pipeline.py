@@ -44,6 +44,11 @@ class DemoConfig(Config):
     out: Path | None = Field(None, description="Run directory (default runs/demo-seed<seed>-<time>).")
     world_entities: int = Field(3000, ge=100, description="Entities of the training world.")
     heldout_entities: int = Field(2000, ge=100, description="Entities of the held-out world.")
+    names: int | None = Field(
+        None,
+        description="Every world draws its names from world `names`'s pool (facts stay per seed; "
+        "docs/world.md); None: each world its own names, so held-out names are words never seen.",
+    )
     hops: tuple[int, ...] = (1, 2, 3)
     train_questions: int = 3000
     heldout_questions: int = 300
@@ -76,10 +81,11 @@ def _forward_only(records: list[Any]) -> list[Any]:
     return [r for r in records if not any(str(p).startswith("~") for p in r.metadata["path"])]
 
 
-def _world_records(seed: int, entities: int, n: int, hops: tuple[int, ...], dataset: str) -> list[Any]:
+def _world_records(seed: int, entities: int, n: int, hops: tuple[int, ...], dataset: str, names: int | None = None) -> list[Any]:
     from asearch.eval.builtin import WorldSetSpec, world_questions
 
-    pool = _forward_only(world_questions(WorldSetSpec(seed=seed, n=3 * n, hops=hops, entities=entities), dataset=dataset))
+    spec = WorldSetSpec(seed=seed, n=3 * n, hops=hops, entities=entities, names=names)
+    pool = _forward_only(world_questions(spec, dataset=dataset))
     by_hops: dict[int, list[Any]] = {}
     for r in pool:
         by_hops.setdefault(r.metadata["hops"], []).append(r)
@@ -112,11 +118,12 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
     # (the tokenizer's world, 2 * seed + 64, is a third one)
 
     # ---- 1. worlds, questions, indexes
-    train_spec = f"world:seed={train_seed},entities={cfg.world_entities}"
-    heldout_spec = f"world:seed={heldout_seed},entities={cfg.heldout_entities}"
+    names = "" if cfg.names is None else f",names={cfg.names}"
+    train_spec = f"world:seed={train_seed},entities={cfg.world_entities}{names}"
+    heldout_spec = f"world:seed={heldout_seed},entities={cfg.heldout_entities}{names}"
     log(f"[1/6] worlds: train {train_spec}, held-out {heldout_spec}")
-    train_records = _world_records(train_seed, cfg.world_entities, cfg.train_questions, cfg.hops, "world-train")
-    heldout_records = _world_records(heldout_seed, cfg.heldout_entities, cfg.heldout_questions, cfg.hops, "world-heldout")
+    train_records = _world_records(train_seed, cfg.world_entities, cfg.train_questions, cfg.hops, "world-train", cfg.names)
+    heldout_records = _world_records(heldout_seed, cfg.heldout_entities, cfg.heldout_questions, cfg.hops, "world-heldout", cfg.names)
     data_dir = run.path / "data"
     write_jsonl(data_dir / "train.jsonl", (r.to_jsonl_dict() for r in train_records))
     write_jsonl(data_dir / "heldout.jsonl", (r.to_jsonl_dict() for r in heldout_records))
@@ -134,8 +141,9 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
     # tokens (2.8 tokens per name against 4.1 for held-out names, measured), so the copying the model learns
     # on training names would not carry over to held-out ones. Both are equally foreign to a third world.
     tok_seed = 2 * cfg.seed + 64
-    tok_records = _world_records(tok_seed, cfg.world_entities, 600, cfg.hops, "world-tokenizer")
-    tokenizer = train_bpe_tokenizer(_tokenizer_texts(WorldCorpus(tok_seed, cfg.world_entities), tok_records), vocab_size=cfg.vocab_size)
+    tok_records = _world_records(tok_seed, cfg.world_entities, 600, cfg.hops, "world-tokenizer", cfg.names)
+    tok_world = WorldCorpus(tok_seed, cfg.world_entities, names=cfg.names)
+    tokenizer = train_bpe_tokenizer(_tokenizer_texts(tok_world, tok_records), vocab_size=cfg.vocab_size)
     model = build_tiny_model(tokenizer, hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads, max_positions=1024, seed=cfg.seed)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"[2/6] tokenizer {len(tokenizer)} tokens; model {n_params:,} parameters")

@@ -53,6 +53,7 @@ class WorldSetSpec:
     hops: tuple[int, ...] = (1, 2, 3)
     entities: int | None = None  # None: WorldCorpus's default size
     qseed: int = 0  # question-sampling seed: another qseed gives another question set of the same world
+    names: int | None = None  # draw names from world `names`'s pool (see WorldCorpus); None: its own
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ def _hops(spec: str, raw: str) -> tuple[int, ...]:
 def parse_builtin_spec(spec: str) -> WorldSetSpec | Wiki10kSetSpec:
     """`world:seed=7,hops=2` -> WorldSetSpec(seed=7, hops=(2,)); unknown keys name the valid ones."""
     kind, _, rest = spec.partition(":")
-    valid = {"world": ("seed", "n", "hops", "entities", "qseed"), "wiki10k": ("n", "seed")}
+    valid = {"world": ("seed", "n", "hops", "entities", "qseed", "names"), "wiki10k": ("n", "seed")}
     if kind not in valid:
         raise AsearchError(f"{spec!r} is not a built-in set (world[:...] or wiki10k[:...])")
     values: dict[str, Any] = {}
@@ -130,7 +131,7 @@ def world_questions(spec: WorldSetSpec = WorldSetSpec(), *, dataset: str = "worl
     """
     from asearch.corpus.world import WorldCorpus, generate_questions
 
-    world = WorldCorpus(spec.seed) if spec.entities is None else WorldCorpus(spec.seed, spec.entities)
+    world = WorldCorpus(spec.seed, *(() if spec.entities is None else (spec.entities,)), names=spec.names)
     try:
         questions = generate_questions(world, spec.n, hops=spec.hops, seed=spec.qseed)
     except ValueError as e:

@@ -33,10 +33,10 @@ from asearch.engine.inprocess import InProcessEngine, InProcessEngineConfig
 from asearch.engine.pool import EnginePool, RolloutServersConfig, open_pool
 from asearch.engine.types import Engine
 from asearch.files import atomic_write_json
-from asearch.launch.spec import Allocation
+from asearch.launch.spec import Allocation, Launcher
 from asearch.metrics.reward import RewardConfig, compute_reward
 from asearch.rl.controller import ControllerConfig, Group, RolloutController
-from asearch.rl.trainer import PolicyTrainer, TrainerConfig, groups_to_samples
+from asearch.rl.trainer import PolicyTrainer, Trainer, TrainerConfig, groups_to_samples
 from asearch.runs import RunDir
 from asearch.web.runtime import web_metrics
 
@@ -146,7 +146,7 @@ def latest_checkpoint(run: Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
-def save_checkpoint(run: Path, step: int, trainer: Any, state: dict[str, Any], keep: int) -> Path:
+def save_checkpoint(run: Path, step: int, trainer: Trainer, state: dict[str, Any], keep: int) -> Path:
     final = run / "checkpoints" / f"step_{step}"
     tmp = run / "checkpoints" / f".tmp_step_{step}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -166,7 +166,8 @@ def save_checkpoint(run: Path, step: int, trainer: Any, state: dict[str, Any], k
 
 @contextlib.asynccontextmanager
 async def rollout_engine(
-    cfg: TrainConfig, run: Path, trainer: Any, tokenizer: Any, version: int, log=print, launcher: Any = None
+    cfg: TrainConfig, run: Path, trainer: Trainer, tokenizer: Any, version: int, log=print,
+    launcher: Launcher | None = None,
 ) -> AsyncIterator[Engine]:
     """The engine the agents sample from, holding the trainer's weights as `version`: in-process (the
     default), or a pool over rollout servers, given by URL or started by `launcher` (see `make_launcher`)
@@ -174,6 +175,7 @@ async def rollout_engine(
     trainer's weights (after a resume: the checkpoint's) before the first request."""
     servers = cfg.servers
     if servers is None:
+        assert isinstance(trainer, PolicyTrainer), "the in-process engine shares this process's policy"
         engine = InProcessEngine(trainer.model, tokenizer, cfg=cfg.engine, version=version)
         try:
             yield engine
@@ -198,7 +200,7 @@ async def rollout_engine(
             launcher.stop()
 
 
-def make_launcher(cfg: TrainConfig, run: Path, log=print) -> Any:
+def make_launcher(cfg: TrainConfig, run: Path, log=print) -> Launcher | None:
     """The launcher `cfg.launcher` names (not started), or None: local subprocesses or Ray actors."""
     if cfg.launcher == "none":
         return None
@@ -213,12 +215,13 @@ def make_launcher(cfg: TrainConfig, run: Path, log=print) -> Any:
 
 
 async def push_weights(
-    engine: Engine, trainer: Any, tokenizer: Any, version: int, run: Path,
+    engine: Engine, trainer: Trainer, tokenizer: Any, version: int, run: Path,
     servers: RolloutServersConfig | None,
 ) -> None:  # fmt: skip
     """Make `version` the engine's weights. In-process: the live state dict. Rollout servers: the policy is
     saved as RUN/weights/v{version} (atomically; the latest `keep_weights` stay) and every server loads it."""
     if servers is None:
+        assert isinstance(trainer, PolicyTrainer), "the in-process engine shares this process's policy"
         await engine.update_weights(trainer.model.state_dict(), version)
         return
     path = await asyncio.to_thread(trainer.save_hf, run / "weights" / f"v{version}", tokenizer)
@@ -252,6 +255,9 @@ async def train(cfg: TrainConfig, *, run: RunDir, log=print, model=None, tokeniz
     launcher = make_launcher(cfg, run.path, log)
     try:  # until the loop's `finally` owns them, a failure here must stop what the launcher placed
         if cfg.launcher == "ray":  # the policy lives in the FSDP ranks on the cluster
+            from asearch.launch.ray import RayLauncher
+
+            assert isinstance(launcher, RayLauncher)
             await asyncio.to_thread(launcher.connect)
             trainer = await asyncio.to_thread(
                 launcher.trainer, cfg.trainer, temperature=cfg.agent.temperature, total_steps=cfg.steps

@@ -13,7 +13,7 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 from pydantic import Field
@@ -116,6 +116,19 @@ def _pad(rows: Sequence[Sequence[float]], longest: int, fill: float = 0.0) -> to
     for r, row in enumerate(rows):
         out[r, : len(row)] = torch.tensor(row, dtype=torch.float32)
     return out
+
+
+class Trainer(Protocol):
+    """What the RL loop needs of a trainer: `PolicyTrainer` here, or FSDP ranks elsewhere
+    (`asearch.launch.ray.RayTrainerGroup`)."""
+
+    def train_step(self, samples: Sequence[Sample], *, policy_version: int) -> dict[str, float]: ...
+
+    def save_hf(self, directory: str | os.PathLike[str], tokenizer: Any = None) -> Path: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 class PolicyTrainer:

@@ -111,13 +111,16 @@ def slug(name: str) -> str:
     return name.replace(" ", "_")
 
 
-def check_world_size(seed: int, n_entities: int) -> None:
-    """ConfigError unless world `seed` can have `n_entities` entities (cheap: generates nothing)."""
+def check_world_size(seed: int, n_entities: int, names: int | None = None) -> None:
+    """ConfigError unless world `seed` (names from seed `names`'s roots) can have `n_entities` entities
+    (cheap: generates nothing)."""
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise ConfigError(f"world: seed must be an integer, got {seed!r}")
     if not isinstance(n_entities, int) or isinstance(n_entities, bool) or n_entities < MIN_ENTITIES:
         raise ConfigError(f"world: n_entities must be an integer >= {MIN_ENTITIES}, got {n_entities!r}")
-    roots = len(owned_roots(seed))
+    if names is not None and (not isinstance(names, int) or isinstance(names, bool)):
+        raise ConfigError(f"world: names must be an integer seed, got {names!r}")
+    roots = len(owned_roots(seed if names is None else names))
     if not _fits(n_entities, roots):
         limit = max(n for n in range(MIN_ENTITIES, 100_000, 100) if _fits(n, roots))
         raise ConfigError(
@@ -125,20 +128,22 @@ def check_world_size(seed: int, n_entities: int) -> None:
         )
 
 
-def generate_graph(seed: int, n_entities: int) -> KnowledgeGraph:
-    """The knowledge graph of world `seed` with exactly `n_entities` entities."""
-    check_world_size(seed, n_entities)
-    return _Builder(seed, WorldSizes.for_total(n_entities)).build()
+def generate_graph(seed: int, n_entities: int, names: int | None = None) -> KnowledgeGraph:
+    """The knowledge graph of world `seed` with exactly `n_entities` entities. Names come from the roots
+    of seed `names` (default: `seed` itself, so worlds share no name); worlds given the same `names`
+    draw from one pool of names but assign them, and every fact, by their own seed."""
+    check_world_size(seed, n_entities, names)
+    return _Builder(seed, WorldSizes.for_total(n_entities), names).build()
 
 
 class _Builder:
     """One pass of generation; holds the rng, the growing entity/triple lists and the name registry."""
 
-    def __init__(self, seed: int, sizes: WorldSizes):
+    def __init__(self, seed: int, sizes: WorldSizes, names: int | None = None):
         # string seeds are hashed with sha512, so the stream is the same in every process
         self.rng = random.Random(f"asearch-world/{seed}/graph")
         self.sizes = sizes
-        roots = owned_roots(seed)
+        roots = owned_roots(seed if names is None else names)
         self.rng.shuffle(roots)
         bare = sizes.countries + sizes.cities
         self.bare_roots, self.pool = roots[:bare], roots[bare:]  # place names never share a root

@@ -22,23 +22,25 @@ class WorldCorpus:
     reserved TLD, so no url is ever fetched.
     """
 
-    def __init__(self, seed: int = 0, n_entities: int = DEFAULT_ENTITIES):
-        self.seed, self.n_entities = seed, n_entities
-        self.name = f"world:seed={seed},entities={n_entities}"  # the spec `open_corpus` accepts
+    def __init__(self, seed: int = 0, n_entities: int = DEFAULT_ENTITIES, names: int | None = None):
+        self.seed, self.n_entities, self.names = seed, n_entities, names
+        # the spec `open_corpus` accepts
+        self.name = f"world:seed={seed},entities={n_entities}" + ("" if names is None else f",names={names}")
         self.base_url = f"https://world{seed}.example/wiki/"
-        check_world_size(seed, n_entities)  # fail now, not at first use
+        check_world_size(seed, n_entities, names)  # fail now, not at first use
 
     @cached_property
     def graph(self) -> KnowledgeGraph:
         """The world's knowledge graph (generated on first use)."""
-        return generate_graph(self.seed, self.n_entities)
+        return generate_graph(self.seed, self.n_entities, self.names)
 
     @cached_property
     def _pages(self) -> dict[str, RenderedPage]:
         return render_pages(self.graph, self.seed)
 
     def __repr__(self) -> str:
-        return f"WorldCorpus(seed={self.seed}, n_entities={self.n_entities})"
+        names = "" if self.names is None else f", names={self.names}"
+        return f"WorldCorpus(seed={self.seed}, n_entities={self.n_entities}{names})"
 
     def __len__(self) -> int:
         return self.n_entities
@@ -95,6 +97,7 @@ class WorldCorpus:
     def fingerprint(self) -> str:
         """Identifies the content: it is a pure function of generator version, seed and size, so no hashing of text."""
         key = f"asearch-world|v{GENERATOR_VERSION}|seed={self.seed}|entities={self.n_entities}"
+        key += "" if self.names is None else f"|names={self.names}"  # unchanged for own-name worlds
         return f"{self.name}:v{GENERATOR_VERSION}:sha256:{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
     def content_digest(self) -> str:
