@@ -19,7 +19,7 @@ def test_demo_writes_summary_plot_report_and_rl_run(tmp_path: Path) -> None:
     toy = [
         "world_entities=150", "heldout_entities=150", "train_questions=30", "heldout_questions=9",
         "heldout_during_rl=3", "expert_episodes=30", "vocab_size=400", "hidden=32", "layers=1", "heads=2",
-        "sft.steps=3", "sft.batch_size=4", "rl_seconds=15", "rl_steps=2", "eval_every_s=1", "setup_threads=1",
+        "sft.steps=3", "sft.batch_size=4", "train_worlds=2", "rl_seconds=15", "rl_steps=2", "eval_every_s=1", "setup_threads=1",
         "rollout.batch_size=1", "rollout.group_size=2", "rollout.max_concurrent=2", "max_turns=3",
         "rollout.drop_zero_variance=false",  # an untrained toy model earns 0 everywhere: keep its groups
     ]  # fmt: skip
@@ -38,6 +38,7 @@ def test_demo_writes_summary_plot_report_and_rl_run(tmp_path: Path) -> None:
     report = (out / "report.md").read_text()
     assert f"{summary['heldout_acc_before']:.3f}" in report and "curve.png" in report
     assert (out / "model-sft" / "config.json").exists() and (out / "rl" / "metrics.jsonl").exists()
+    assert "30 expert episodes on 2 world(s)" in done.stdout + done.stderr
     # the held-out questions come from another world than the training ones (no shared names)
     train = [json.loads(line) for line in (out / "data" / "train.jsonl").read_text().splitlines()]
     held = [json.loads(line) for line in (out / "data" / "heldout.jsonl").read_text().splitlines()]

@@ -59,6 +59,10 @@ class DemoConfig(Config):
     layers: int = 4
     heads: int = 4
     expert_episodes: int = 3000
+    train_worlds: int = Field(
+        1, ge=1, description="Worlds the SFT expert episodes come from (RL trains on the first); with "
+        "`names` set, facts differ between them under the same names, so only reading lowers the loss.",
+    )
     p_skip: float = Field(0.5, description="Expert stops one hop short with this probability per extra hop.")
     p_wrong: float = Field(0.25, description="Expert copies a wrong name on one-hop questions.")
     sft: SFTConfig = Field(default_factory=lambda: SFTConfig(steps=200, batch_size=32, lr=3e-3, token_budget=4096))
@@ -152,16 +156,31 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
     # ---- 3. expert trajectories through the real loop and tools, then SFT
     from asearch.demo.expert import WorldExpert, plan_from_record
 
-    expert = WorldExpert({r.question: plan_from_record(r.model_dump()) for r in train_records}, p_skip=cfg.p_skip, p_wrong=cfg.p_wrong, seed=cfg.seed)
-    engine = ScriptedEngine(tokenizer, expert)
+    # world 0 is the RL training world; SFT may add more (seeds 2s+1+256k: never the held-out world's
+    # names, and with `names` shared their facts contradict each other, so reading beats remembering)
+    sft_worlds = [(train_records, train_tools)]
+    for k in range(1, cfg.train_worlds):
+        seed_k = train_seed + 256 * k
+        spec_k = f"world:seed={seed_k},entities={cfg.world_entities}{names}"
+        n_k = max(len(cfg.hops), -(-cfg.expert_episodes // cfg.train_worlds))  # a question per episode
+        recs_k = _world_records(seed_k, cfg.world_entities, n_k, cfg.hops, "world-sft", cfg.names)
+        tools_k, _ = build_tools(ToolsConfig(corpus=spec_k, search=search_cfg, access=None), progress=False)
+        sft_worlds.append((recs_k, tools_k))
+    engines = [  # one expert per world: a question's text may recur in another world with another answer
+        ScriptedEngine(tokenizer, WorldExpert({r.question: plan_from_record(r.model_dump()) for r in recs},
+                                              p_skip=cfg.p_skip, p_wrong=cfg.p_wrong, seed=cfg.seed + 7919 * k))
+        for k, (recs, _) in enumerate(sft_worlds)
+    ]  # fmt: skip
 
     async def expert_runs():
         sem = asyncio.Semaphore(64)
 
         async def one(i):
+            k = i % len(sft_worlds)  # episodes spread evenly over the worlds
+            recs, tools = sft_worlds[k]
             async with sem:
-                r = train_records[i % len(train_records)]
-                return await run_episode(engine, tokenizer, train_tools, r.question, agent_cfg)
+                r = recs[(i // len(sft_worlds)) % len(recs)]
+                return await run_episode(engines[k], tokenizer, tools, r.question, agent_cfg)
 
         return await asyncio.gather(*(one(i) for i in range(cfg.expert_episodes)))
 
@@ -169,7 +188,7 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
     expert_trajs = asyncio.run(expert_runs())
     samples = trajectories_to_samples(expert_trajs)
     mean_len = sum(len(s.token_ids) for s in samples) / len(samples)
-    log(f"[3/6] {len(expert_trajs)} expert episodes in {time.perf_counter() - t0:.0f}s (mean {mean_len:.0f} tokens); SFT {cfg.sft.steps} steps")
+    log(f"[3/6] {len(expert_trajs)} expert episodes on {len(sft_worlds)} world(s) in {time.perf_counter() - t0:.0f}s (mean {mean_len:.0f} tokens); SFT {cfg.sft.steps} steps")
     t0 = time.perf_counter()
     torch.set_num_threads(cfg.setup_threads)
     losses = sft(model, samples, cfg.sft.model_copy(update={"seed": cfg.seed}), on_step=lambda s, loss: log(f"      sft step {s + 1} loss {loss:.3f}") if (s + 1) % 50 == 0 else None)
