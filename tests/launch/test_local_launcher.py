@@ -20,11 +20,6 @@ B, N, ETA = 2, 2, 2
 LOCAL = ["launcher=local", "allocation.rollout_servers=2", "allocation.server_threads=1"]
 
 
-def rows(out: Path) -> list[dict]:
-    path = out / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 def loaded_versions(log: str) -> list[int]:
     """Versions a server's log says it loaded, in order (asearch.engine.server logs each update)."""
     return [int(v) for v in re.findall(r"loaded weights \S+ as weight_version (\d+)", log)]
@@ -51,13 +46,13 @@ def train(model: Path, out: Path, steps: int, train_command, env) -> str:
 
 
 def test_train_on_two_local_servers_then_resume(
-    tiny_world_model_dir, train_command, subprocess_env, tmp_path
+    train_run, tiny_world_model_dir, train_command, subprocess_env, tmp_path
 ) -> None:
     out, steps = tmp_path / "run", 4
     train(tiny_world_model_dir, out, steps, train_command, subprocess_env)
 
     # every step logged with rollout, loss and timing metrics, the staleness bound held
-    logged = rows(out)
+    logged = train_run.metrics(out)
     assert [r["step"] for r in logged] == list(range(1, steps + 1))
     for key in ("rollout/reward_mean", "loss/policy", "perf/train_s", "perf/weight_sync_s", "perf/step_s"):
         assert all(r.get(key) is not None for r in logged), key
@@ -86,7 +81,7 @@ def test_train_on_two_local_servers_then_resume(
     # the same command to step 6 resumes from the step-4 checkpoint: new servers get its weights first
     said = train(tiny_world_model_dir, out, 6, train_command, subprocess_env).replace("\n", "")
     assert "resumed from" in said and "(step 4," in said, said[-2000:]
-    assert [r["step"] for r in rows(out)] == list(range(1, 7))
+    assert [r["step"] for r in train_run.metrics(out)] == list(range(1, 7))
     for i in range(2):
         second_launch = (out / "logs" / f"rollout-{i}.log").read_text().split("launch #1")[-1]
         assert loaded_versions(second_launch) == [4, 5, 6]
@@ -95,31 +90,18 @@ def test_train_on_two_local_servers_then_resume(
 
 
 def test_a_killed_server_is_relaunched_and_no_group_is_lost(
-    tiny_world_model_dir, train_command, subprocess_env, tmp_path
+    train_run, tiny_world_model_dir, train_command, subprocess_env, tmp_path
 ) -> None:
     out = tmp_path / "run"
     cmd = [*train_command(tiny_world_model_dir, out, 100_000, batch=B, group=N, eta=ETA), *LOCAL]
     # stopped by its RL time limit; long enough for the killed server to come back and train with both
     cmd += ["max_rl_seconds=25"]
-    console = tmp_path / "train.log"
-    t0 = time.monotonic()
-    with console.open("wb") as f:
-        proc = subprocess.Popen(cmd, env=subprocess_env, stdout=f, stderr=subprocess.STDOUT)
-    try:
-        while len(rows(out)) < 2:  # training is under way: both servers have requests in flight
-            assert proc.poll() is None, console.read_text()[-3000:]
-            assert time.monotonic() - t0 < 90, "no step 2 in 90 s"
-            time.sleep(0.05)
-        victim = json.loads((out / "logs" / "servers.json").read_text())[0]
-        os.killpg(victim["pid"], signal.SIGKILL)  # the server and anything it forked
-        killed_at_step = rows(out)[-1]["step"]
-        proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, console.read_text()[-3000:]
-    print(f"killed server 0 after step {killed_at_step}; run took {time.monotonic() - t0:.1f}s")
+    with train_run(cmd, subprocess_env, out, tmp_path / "train.log") as run:
+        run.wait_for_step(2, timeout=90)  # training is under way: both servers have requests in flight
+        killed_at_step = run.kill_server(0)
+        run.proc.wait(timeout=120)
+    assert run.proc.returncode == 0, run.output()[-3000:]
+    print(f"killed server 0 after step {killed_at_step}; run took {time.monotonic() - run.t0:.1f}s")
 
     # the supervisor relaunched it; the pool moved its requests, then gave it the latest weights
     summary = json.loads((out / "summary.json").read_text())
@@ -137,7 +119,7 @@ def test_a_killed_server_is_relaunched_and_no_group_is_lost(
     # no group was lost: no episode failed, every step trained B groups within the bound, and every question
     # taken from the data is trained, rejected by a named cause, queued or in flight at the checkpoint
     assert "error" not in summary["rejected_groups"] and summary["episode_errors"] == [], summary
-    logged = rows(out)
+    logged = train_run.metrics(out)
     assert [r["step"] for r in logged] == list(range(1, summary["steps"] + 1))
     assert summary["steps"] > killed_at_step + 2
     assert max(r["rollout/staleness_max"] for r in logged) <= ETA
@@ -150,39 +132,27 @@ def test_a_killed_server_is_relaunched_and_no_group_is_lost(
     assert_stopped(out)
 
 
-def test_ctrl_c_stops_the_servers(tiny_world_model_dir, train_command, subprocess_env, tmp_path) -> None:
+def test_ctrl_c_stops_the_servers(
+    train_run, tiny_world_model_dir, train_command, subprocess_env, tmp_path
+) -> None:
     out = tmp_path / "run"
     cmd = [*train_command(tiny_world_model_dir, out, 100_000, batch=B, group=N, eta=ETA), *LOCAL]
-    proc = subprocess.Popen(cmd, env=subprocess_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    t0 = time.monotonic()
-    try:
-        while not rows(out):
-            assert proc.poll() is None and time.monotonic() - t0 < 90, "no step 1 in 90 s"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    with train_run(cmd, subprocess_env, out) as run:
+        run.wait_for_step(1, timeout=90)
+        run.proc.send_signal(signal.SIGINT)
+        run.proc.wait(timeout=60)
     assert_stopped(out)  # the servers run in their own sessions: Ctrl-C reaches them through the launcher
 
 
 def test_servers_exit_when_the_trainer_is_killed(
-    tiny_world_model_dir, train_command, subprocess_env, tmp_path
+    train_run, tiny_world_model_dir, train_command, subprocess_env, tmp_path
 ) -> None:
     """SIGKILL leaves the launcher no chance to stop anything: the servers notice their parent is gone."""
     out = tmp_path / "run"
     cmd = [*train_command(tiny_world_model_dir, out, 100_000, batch=B, group=N, eta=ETA), *LOCAL]
-    proc = subprocess.Popen(cmd, env=subprocess_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    t0 = time.monotonic()
-    try:
-        while not rows(out):
-            assert proc.poll() is None and time.monotonic() - t0 < 90, "no step 1 in 90 s"
-            time.sleep(0.05)
-    finally:
-        proc.kill()
-        proc.wait()
+    with train_run(cmd, subprocess_env, out) as run:
+        run.wait_for_step(1, timeout=90)
+    # (leaving the block SIGKILLs the trainer)
     pids = [s["pid"] for s in json.loads((out / "logs" / "servers.json").read_text())]
     killed = time.monotonic()
     while time.monotonic() - killed < 30:

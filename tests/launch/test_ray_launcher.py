@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -42,11 +41,6 @@ def ray_cluster(tmp_path_factory, subprocess_env):
         subprocess.run([RAY_BIN, "stop", "--force"], env=env, capture_output=True, timeout=120)
 
 
-def rows(out: Path) -> list[dict]:
-    path = out / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 def ray_args(address: str, servers: int, ranks: int) -> list[str]:
     return [
         "launcher=ray", f"allocation.ray_address={address}", f"allocation.rollout_servers={servers}",
@@ -66,7 +60,9 @@ def test_two_ranks_update_like_one_process(ray_cluster, tiny_world_model_dir, mo
 
     address, env = ray_cluster
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    alloc = Allocation(rollout_servers=1, trainer_ranks=2, rank_cpus=0.5, server_cpus=0.5, ray_address=address)
+    alloc = Allocation(
+        rollout_servers=1, trainer_ranks=2, rank_cpus=0.5, server_cpus=0.5, ray_address=address
+    )
     cfg = TrainerConfig(token_budget=512)
     model = load_model(str(tiny_world_model_dir))
     samples = _random_samples(model.config.vocab_size, 8, 96, seed=3)
@@ -83,7 +79,9 @@ def test_two_ranks_update_like_one_process(ray_cluster, tiny_world_model_dir, mo
     torch.manual_seed(0)
     local = PolicyTrainer(model, cfg, temperature=1.0, total_steps=2)
     local_stats = [local.train_step(samples, policy_version=v) for v in range(2)]
-    for s, ls in zip(stats, local_stats, strict=True):  # (loss stats are each rank's share; the norm is global)
+    for s, ls in zip(
+        stats, local_stats, strict=True
+    ):  # (loss stats are each rank's share; the norm is global)
         assert s["perf/grad_norm"] == pytest.approx(ls["perf/grad_norm"], rel=1e-4)
     start, moved = load_model(str(tiny_world_model_dir)).state_dict(), 0.0
     for name, p in local.model.state_dict().items():
@@ -108,41 +106,33 @@ def test_an_allocation_larger_than_the_cluster_is_refused(ray_cluster, monkeypat
 
 
 def test_train_on_ray_survives_a_killed_server_and_resumes(
-    ray_cluster, tiny_world_model_dir, train_command, tmp_path
+    train_run, ray_cluster, tiny_world_model_dir, train_command, tmp_path
 ) -> None:
     address, env = ray_cluster
     out = tmp_path / "run"
-    cmd = [*train_command(tiny_world_model_dir, out, 100_000, batch=B, group=N, eta=ETA), *ray_args(address, 2, 2)]
+    cmd = [
+        *train_command(tiny_world_model_dir, out, 100_000, batch=B, group=N, eta=ETA),
+        *ray_args(address, 2, 2),
+    ]
     cmd += ["max_rl_seconds=30"]  # long enough for the killed server to come back and serve again
-    console = tmp_path / "train.log"
-    t0 = time.monotonic()
-    with console.open("wb") as f:
-        proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)
-    try:
-        while len(rows(out)) < 2:
-            assert proc.poll() is None, console.read_text()[-3000:]
-            assert time.monotonic() - t0 < 150, "no step 2 in 150 s:\n" + console.read_text()[-3000:]
-            time.sleep(0.05)
-        victim = json.loads((out / "logs" / "servers.json").read_text())[0]
-        os.killpg(victim["pid"], signal.SIGKILL)  # the server process its actor supervises
-        killed_at_step = rows(out)[-1]["step"]
-        proc.wait(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    said = console.read_text()
-    assert proc.returncode == 0, said[-3000:]
-    print(f"ray: killed server 0 after step {killed_at_step}; run took {time.monotonic() - t0:.1f}s")
+    with train_run(cmd, env, out, tmp_path / "train.log") as run:
+        run.wait_for_step(2, timeout=150)
+        killed_at_step = run.kill_server(0)  # the server process its actor supervises
+        run.proc.wait(timeout=180)
+    said = run.output()
+    assert run.proc.returncode == 0, said[-3000:]
+    print(f"ray: killed server 0 after step {killed_at_step}; run took {time.monotonic() - run.t0:.1f}s")
     assert "2 trainer rank(s) ready" in said
 
     summary = json.loads((out / "summary.json").read_text())
     s0, s1 = summary["rollout_servers"]
     assert s0["restarts"] == 1 and s0["failures"] >= 1, s0
-    assert s0["up"] and s0["version"] == s1["version"] == summary["policy_version"], summary["rollout_servers"]
+    assert s0["up"] and s0["version"] == s1["version"] == summary["policy_version"], summary[
+        "rollout_servers"
+    ]
     assert "launch #2" in (out / "logs" / "rollout-0.log").read_text()
     assert "error" not in summary["rejected_groups"] and summary["episode_errors"] == [], summary
-    logged = rows(out)
+    logged = train_run.metrics(out)
     assert [r["step"] for r in logged] == list(range(1, summary["steps"] + 1))
     assert summary["steps"] > killed_at_step
     assert max(r["rollout/staleness_max"] for r in logged) <= ETA
@@ -153,8 +143,11 @@ def test_train_on_ray_survives_a_killed_server_and_resumes(
     # resume: the ranks load the checkpoint, the servers get its weights, the step count goes on
     steps = summary["steps"]
     ckpt_step = max(int(p.name.split("_")[1]) for p in (out / "checkpoints").glob("step_*"))
-    more = [*train_command(tiny_world_model_dir, out, ckpt_step + 2, batch=B, group=N, eta=ETA), *ray_args(address, 1, 2)]
+    more = [
+        *train_command(tiny_world_model_dir, out, ckpt_step + 2, batch=B, group=N, eta=ETA),
+        *ray_args(address, 1, 2),
+    ]
     done = subprocess.run(more, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"(step {ckpt_step}," in (done.stdout + done.stderr).replace("\n", "")
-    assert [r["step"] for r in rows(out)] == list(range(1, ckpt_step + 3)), (steps, ckpt_step)
+    assert [r["step"] for r in train_run.metrics(out)] == list(range(1, ckpt_step + 3)), (steps, ckpt_step)

@@ -98,13 +98,12 @@ def _worker(tmp: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    from asearch.models.tiny import build_tiny_model, save_tiny, train_bpe_tokenizer
+def setup(tmp_path_factory, tiny_policy):
+    from asearch.models.tiny import save_tiny
 
     torch.set_num_threads(1)
     tmp = tmp_path_factory.mktemp("dist")
-    tok = train_bpe_tokenizer(["the cat sat on the mat", "a dog ran in the park"] * 50, vocab_size=300)
-    model = build_tiny_model(tok, hidden=32, layers=2, heads=2, seed=0).eval()  # tied embeddings
+    tok, model = tiny_policy  # tied embeddings
     save_tiny(model, tok, tmp / "model")
     samples = _samples(model, len(tok))
     (tmp / "samples.json").write_text(json.dumps([s.__dict__ for s in samples]))

@@ -7,7 +7,6 @@ import copy
 import pytest
 import torch
 
-from asearch.models.tiny import build_tiny_model, train_bpe_tokenizer
 from asearch.rl.sft import SFTConfig, sft
 from asearch.rl.trainer import Sample, sequence_logprobs
 
@@ -15,9 +14,8 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
-def model_and_samples():
-    tok = train_bpe_tokenizer(["the cat sat on the mat", "a dog ran in the park"] * 50, vocab_size=300)
-    model = build_tiny_model(tok, hidden=32, layers=2, heads=2, seed=0).eval()
+def model_and_samples(tiny_policy):
+    tok, model = tiny_policy
     g = torch.Generator().manual_seed(1)
     samples = []
     for n in (9, 14):

@@ -122,9 +122,8 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
     # (the tokenizer's world, 2 * seed + 64, is a third one)
 
     # ---- 1. worlds, questions, indexes
-    names = "" if cfg.names is None else f",names={cfg.names}"
-    train_spec = f"world:seed={train_seed},entities={cfg.world_entities}{names}"
-    heldout_spec = f"world:seed={heldout_seed},entities={cfg.heldout_entities}{names}"
+    train_spec = WorldCorpus(train_seed, cfg.world_entities, names=cfg.names).name  # (generated lazily)
+    heldout_spec = WorldCorpus(heldout_seed, cfg.heldout_entities, names=cfg.names).name
     log(f"[1/6] worlds: train {train_spec}, held-out {heldout_spec}")
     train_records = _world_records(train_seed, cfg.world_entities, cfg.train_questions, cfg.hops, "world-train", cfg.names)
     heldout_records = _world_records(heldout_seed, cfg.heldout_entities, cfg.heldout_questions, cfg.hops, "world-heldout", cfg.names)
@@ -161,7 +160,7 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
     sft_worlds = [(train_records, train_tools)]
     for k in range(1, cfg.train_worlds):
         seed_k = train_seed + 256 * k
-        spec_k = f"world:seed={seed_k},entities={cfg.world_entities}{names}"
+        spec_k = WorldCorpus(seed_k, cfg.world_entities, names=cfg.names).name
         n_k = max(len(cfg.hops), -(-cfg.expert_episodes // cfg.train_worlds))  # a question per episode
         recs_k = _world_records(seed_k, cfg.world_entities, n_k, cfg.hops, "world-sft", cfg.names)
         tools_k, _ = build_tools(ToolsConfig(corpus=spec_k, search=search_cfg, access=None), progress=False)

@@ -25,7 +25,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import Field
 
@@ -34,8 +34,15 @@ from asearch.engine.http import RETRY_STATUS, HttpConfig, RemoteHTTPError
 from asearch.engine.types import Engine, GenerateRequest, GenerateResponse, WeightSource
 from asearch.errors import RemoteError
 
-if TYPE_CHECKING:
-    from asearch.engine.supervisor import ServerSupervisor
+
+class SupervisedServer(Protocol):
+    """What the pool reads of a server's supervisor: `ServerSupervisor` here, or a Ray actor's mirror
+    (`asearch.launch.ray.RemoteSupervisor`)."""
+
+    starts: int  # launches so far: a change means the server restarted with its launch weights
+    restarts: int  # crash restarts
+    failed: str | None  # why the supervisor gave up, if it did
+
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +81,7 @@ class RolloutServersConfig(Config):
 class _Member:
     engine: Any  # an Engine serving one server
     name: str
-    supervisor: ServerSupervisor | None = None
+    supervisor: SupervisedServer | None = None
     up: bool = True
     inflight: int = 0  # requests now on this server
     served: int = 0  # requests answered
@@ -93,7 +100,7 @@ class EnginePool:
         engines: Sequence[Engine],
         *,
         names: Sequence[str] | None = None,
-        supervisors: Sequence[ServerSupervisor | None] = (),
+        supervisors: Sequence[SupervisedServer | None] = (),
         version: int = 0,
         revive_timeout_s: float = 600.0,
         max_sticky: int = 100_000,
@@ -284,7 +291,7 @@ def open_pool(
     cfg: RolloutServersConfig,
     urls: Sequence[str],
     *,
-    supervisors: Sequence[ServerSupervisor | None] = (),
+    supervisors: Sequence[SupervisedServer | None] = (),
     version: int = 0,
 ) -> EnginePool:
     """An `EnginePool` with one client per URL of the configured kind (servers labelled `version`)."""

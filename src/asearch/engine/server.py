@@ -538,7 +538,7 @@ def engine_server_supervisor(
 
 
 def launch_engine_server(model: str | os.PathLike[str], **kwargs: Any) -> tuple[ServerSupervisor, str]:
-    """Start `asearch engine serve MODEL` as a supervised subprocess on 127.0.0.1, wait for /health.
+    """Start `asearch engine serve MODEL` as a supervised subprocess (on 127.0.0.1 unless `host=`), wait for /health.
 
     Returns (supervisor, base_url); talk to it with `SGLangEngine(base_url)`, stop it with `sup.stop()`.
     Keyword arguments as for `engine_server_supervisor`.

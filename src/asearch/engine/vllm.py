@@ -387,7 +387,7 @@ def vllm_server_supervisor(
 
 
 def launch_vllm_server(model_dir: str | os.PathLike[str], **kwargs: Any) -> tuple[ServerSupervisor, str]:
-    """Start a supervised vLLM server on 127.0.0.1 and wait for /health; returns (supervisor, base_url).
+    """Start a supervised vLLM server (on 127.0.0.1 unless `host=`) and wait for /health; returns (supervisor, base_url).
     Keyword arguments as for `vllm_server_supervisor`."""
     sup, url = vllm_server_supervisor(model_dir, **kwargs)
     sup.start()

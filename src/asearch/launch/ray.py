@@ -93,8 +93,11 @@ class TrainerRankActor:
     def train_step(self, samples: list[Any], policy_version: int) -> dict[str, float]:
         return self.trainer.train_step(samples, policy_version=policy_version)
 
-    def save_hf(self, directory: str, tokenizer: Any) -> str:
-        return str(self.trainer.save_hf(directory, tokenizer))
+    def set_tokenizer(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer  # written next to every saved model (rank 0)
+
+    def save_hf(self, directory: str) -> str:
+        return str(self.trainer.save_hf(directory, getattr(self, "tokenizer", None)))
 
     def state_dict(self) -> dict[str, Any] | None:
         state = self.trainer.state_dict()  # collective: every rank, the full state on rank 0
@@ -151,6 +154,7 @@ class RayTrainerGroup:
 
     def __init__(self, ranks: Sequence[Any], parameters: int):
         self.ranks, self.parameters = list(ranks), parameters
+        self._tokenizer: Any = None  # the one the ranks hold: sent once, not with every save
 
     def _all(self, method: str, *args: Any) -> list[Any]:
         import ray
@@ -164,7 +168,10 @@ class RayTrainerGroup:
         return self._all("train_step", ref, policy_version)[0]
 
     def save_hf(self, directory: str | os.PathLike[str], tokenizer: Any = None) -> Path:
-        return Path(self._all("save_hf", str(directory), tokenizer)[0])
+        if tokenizer is not self._tokenizer:
+            self._all("set_tokenizer", tokenizer)
+            self._tokenizer = tokenizer
+        return Path(self._all("save_hf", str(directory))[0])
 
     def state_dict(self) -> dict[str, Any]:
         return self._all("state_dict")[0]

@@ -33,6 +33,8 @@ from asearch.engine.inprocess import InProcessEngine, InProcessEngineConfig
 from asearch.engine.pool import EnginePool, RolloutServersConfig, open_pool
 from asearch.engine.types import Engine
 from asearch.files import atomic_write_json
+from asearch.launch.local import LocalLauncher
+from asearch.launch.ray import RayLauncher
 from asearch.launch.spec import Allocation, Launcher
 from asearch.metrics.reward import RewardConfig, compute_reward
 from asearch.rl.controller import ControllerConfig, Group, RolloutController
@@ -204,10 +206,7 @@ def make_launcher(cfg: TrainConfig, run: Path, log=print) -> Launcher | None:
     """The launcher `cfg.launcher` names (not started), or None: local subprocesses or Ray actors."""
     if cfg.launcher == "none":
         return None
-    if cfg.launcher == "local":
-        from asearch.launch.local import LocalLauncher as launcher_cls
-    else:
-        from asearch.launch.ray import RayLauncher as launcher_cls
+    launcher_cls = LocalLauncher if cfg.launcher == "local" else RayLauncher
     return launcher_cls(
         cfg.model, cfg.allocation, cfg.servers, engine=cfg.engine, log_dir=run / "logs", seed=cfg.seed,
         trainer_threads=cfg.threads, log=log,
@@ -254,10 +253,7 @@ async def train(cfg: TrainConfig, *, run: RunDir, log=print, model=None, tokeniz
     engines = contextlib.AsyncExitStack()  # closed (servers stopped) in the `finally` of the loop
     launcher = make_launcher(cfg, run.path, log)
     try:  # until the loop's `finally` owns them, a failure here must stop what the launcher placed
-        if cfg.launcher == "ray":  # the policy lives in the FSDP ranks on the cluster
-            from asearch.launch.ray import RayLauncher
-
-            assert isinstance(launcher, RayLauncher)
+        if isinstance(launcher, RayLauncher):  # the policy lives in the FSDP ranks on the cluster
             await asyncio.to_thread(launcher.connect)
             trainer = await asyncio.to_thread(
                 launcher.trainer, cfg.trainer, temperature=cfg.agent.temperature, total_steps=cfg.steps
