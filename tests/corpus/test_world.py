@@ -252,3 +252,25 @@ def test_bad_sizes_are_refused_with_the_limit():
         WorldCorpus(0, 20000)
     limit = int(re.search(r"<= (\d+)", str(refused.value)).group(1))
     assert len(WorldCorpus(0, limit).graph) == limit  # the limit it names does work
+
+
+def test_facts_pages_state_each_fact_as_a_key_value_field():
+    """`pages=facts`: same graph, `Name : type ; key value ; ...` pages whose statements back the questions."""
+    prose, facts = WorldCorpus(5, 600), WorldCorpus(5, 600, pages="facts")
+    assert facts.name == "world:seed=5,entities=600,pages=facts" and parse_world_spec(facts.name)["pages"] == "facts"
+    assert facts.fingerprint() != prose.fingerprint() and open_corpus(facts.name).page_style == "facts"
+    g = facts.graph
+    person = next(e for e in g.entities("person") if g.one(e.id, "spouse") and g.one(e.id, "employer"))
+    page = facts.rendered(person)
+    spouse, employer = (g.get(g.one(person.id, r)).name for r in ("spouse", "employer"))
+    assert page.text.startswith(f"{person.name} : person ; occupation ")
+    assert f" ; spouse {spouse}" in page.text and f" ; employer {employer} ;" in page.text
+    assert facts.statement(person, "birth_year") == f"birth year {person.attrs['birth_year']}"
+    assert page.text.index("employer") < page.text.index("spouse")  # always the same order
+    for q in generate_questions(facts, 60, hops=(1, 2, 3), seed=0):  # every cited statement is on its page
+        for ev in q.evidence:
+            assert ev.statement in facts.rendered(facts.entity_by_url(ev.url)).text
+    with pytest.raises(ConfigError, match="pages must be one of"):
+        WorldCorpus(5, 600, pages="poems")
+    with pytest.raises(ConfigError, match="pages=TEXT"):
+        parse_world_spec("world:seed=1,style=facts")

@@ -94,6 +94,14 @@ def test_urls_can_be_left_out():
     assert "[Doc k]:" in tool.description
 
 
+def test_compact_results_are_one_line_each_without_the_title_line():
+    cfg = SearchToolConfig(topk=2, max_doc_chars=13, show_urls=False, compact=True)
+    tool = SearchTool(OverlapRetriever(PASSAGES), cfg)
+    obs = run(run_tool(tool, "volcano"))
+    assert obs.text == f"[Doc 1] {PASSAGES[0].text[:13]}\n[Doc 2] a volcano eru"  # no quoted title line
+    assert "one line" in tool.description
+
+
 def test_no_results_says_so_with_the_query():
     obs = run(run_tool(SearchTool(OverlapRetriever(PASSAGES)), "glaciers"))
     assert obs.text == "No search results were found for the query 'glaciers'."

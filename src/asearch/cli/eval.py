@@ -72,10 +72,9 @@ def _canonical_corpus(spec: str | None) -> str | None:
     if not spec or not (spec == "world" or spec.startswith("world:")):
         return spec
     from asearch.corpus.sources import parse_world_spec
-    from asearch.corpus.world.source import DEFAULT_ENTITIES
+    from asearch.corpus.world.source import WorldCorpus
 
-    kw = parse_world_spec(spec)
-    return f"world:seed={kw.get('seed', 0)},entities={kw.get('n_entities', DEFAULT_ENTITIES)}"
+    return WorldCorpus(**parse_world_spec(spec)).name  # type: ignore[arg-type]
 
 
 def _warn_corpus_mismatch(records: list[Any], tools_cfg: Any) -> None:

@@ -11,12 +11,13 @@ from asearch.corpus.types import CorpusSource, Document, Page
 from asearch.errors import AsearchError, ConfigError
 
 CORPUS_SPEC_HELP = (
-    "a corpus is 'wiki10k', 'world' (options: 'world:7' for seed 7, or 'world:seed=7,entities=3000', 'names=N' to draw names from world N's pool), "
+    "a corpus is 'wiki10k', 'world' (options: 'world:7' for seed 7, or 'world:seed=7,entities=3000', 'names=N' to draw names from world N's pool, 'pages=facts' for `key value` pages), "
     "or the path of a .jsonl file"
 )
 
 # `world:key=value` keys -> WorldCorpus keyword arguments
-_WORLD_OPTIONS = {"seed": "seed", "entities": "n_entities", "names": "names"}
+_WORLD_OPTIONS = {"seed": "seed", "entities": "n_entities", "names": "names", "pages": "pages"}
+_WORLD_TEXT_OPTIONS = {"pages"}  # the others are integers
 
 
 class JsonlCorpus:
@@ -52,7 +53,7 @@ class JsonlCorpus:
         return self._fingerprint[1]
 
 
-def parse_world_spec(spec: str) -> dict[str, int]:
+def parse_world_spec(spec: str) -> dict[str, int | str]:
     """`world` -> {}, `world:7` -> {seed: 7}, `world:seed=7,entities=3000` -> {seed: 7, n_entities: 3000}."""
     _, _, options = spec.partition(":")
     options = options.strip()
@@ -60,14 +61,14 @@ def parse_world_spec(spec: str) -> dict[str, int]:
         return {}
     if "=" not in options:
         return {"seed": _int_option(spec, "seed", options)}
-    kwargs: dict[str, int] = {}
+    kwargs: dict[str, int | str] = {}
     for item in options.split(","):
         key, eq, value = (part.strip() for part in item.partition("="))
         if not eq or key not in _WORLD_OPTIONS:
             raise ConfigError(
-                f"corpus {spec!r}: unknown option {item.strip()!r}; valid: {', '.join(f'{k}=N' for k in _WORLD_OPTIONS)}"
+                f"corpus {spec!r}: unknown option {item.strip()!r}; valid: {', '.join(f'{k}=' + ('TEXT' if k in _WORLD_TEXT_OPTIONS else 'N') for k in _WORLD_OPTIONS)}"
             )
-        kwargs[_WORLD_OPTIONS[key]] = _int_option(spec, key, value)
+        kwargs[_WORLD_OPTIONS[key]] = value if key in _WORLD_TEXT_OPTIONS else _int_option(spec, key, value)
     return kwargs
 
 

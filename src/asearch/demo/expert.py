@@ -31,6 +31,12 @@ def plan_from_record(record: Mapping[str, Any]) -> Plan:
     return Plan(tuple(e["entity"] for e in ev), tuple(str(e["value"]) for e in ev))
 
 
+def act(tag: str, text: str) -> str:
+    """`<tag> text</tag>`: the space makes the first word the token it is in the question and the results
+    (byte-level BPE glues `>` to a following word, so `<search>Name` would spell Name differently)."""
+    return f"<{tag}> {text}</{tag}>"
+
+
 class WorldExpert:
     """Policy(prompt text) -> next model output. `plans` maps question text to its Plan."""
 
@@ -45,26 +51,26 @@ class WorldExpert:
         question = _question_of(prompt)
         plan = self.plans.get(question)
         if plan is None:
-            return "<answer>unknown</answer>"
+            return act("answer", "unknown")
         blocks = prompt.split("<information>")[1:]
         hop = len(blocks)  # searches done so far
         rng = self._rng(prompt)
         if hop == 0:
-            return f"<search>{plan.entities[0]}</search>"
+            return act("search", plan.entities[0])
         last = blocks[-1].split("</information>")[0]
         value = plan.values[hop - 1]
         if value not in last:  # the page did not come back: the expert cannot copy what it did not read
             names = [n for n in _NAME.findall(last) if n != plan.entities[hop - 1]]
-            return f"<answer>{rng.choice(names) if names else 'unknown'}</answer>"
+            return act("answer", rng.choice(names) if names else "unknown")
         if hop == len(plan.values):  # last hop read: answer (one-hop questions sometimes with a wrong name)
             if len(plan.values) == 1 and rng.random() < self.p_wrong:
                 names = [n for n in set(_NAME.findall(last)) if n not in (value, plan.entities[0])]
                 if names:
-                    return f"<answer>{rng.choice(sorted(names))}</answer>"
-            return f"<answer>{value}</answer>"
+                    return act("answer", rng.choice(sorted(names)))
+            return act("answer", value)
         if rng.random() < self.p_skip:  # the deliberate mistake: stop one hop short
-            return f"<answer>{value}</answer>"
-        return f"<search>{value}</search>"
+            return act("answer", value)
+        return act("search", value)
 
 
 def _question_of(prompt: str) -> str:

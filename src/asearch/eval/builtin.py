@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from asearch.errors import AsearchError
+from asearch.errors import AsearchError, ConfigError
 from asearch.eval.datasets import QARecord
 from asearch.metrics.normalize import normalize_answer
 
@@ -54,6 +54,7 @@ class WorldSetSpec:
     entities: int | None = None  # None: WorldCorpus's default size
     qseed: int = 0  # question-sampling seed: another qseed gives another question set of the same world
     names: int | None = None  # draw names from world `names`'s pool (see WorldCorpus); None: its own
+    pages: str = "prose"  # page style of the world the questions are about ("facts": `key value` pages)
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def _hops(spec: str, raw: str) -> tuple[int, ...]:
 def parse_builtin_spec(spec: str) -> WorldSetSpec | Wiki10kSetSpec:
     """`world:seed=7,hops=2` -> WorldSetSpec(seed=7, hops=(2,)); unknown keys name the valid ones."""
     kind, _, rest = spec.partition(":")
-    valid = {"world": ("seed", "n", "hops", "entities", "qseed", "names"), "wiki10k": ("n", "seed")}
+    valid = {"world": ("seed", "n", "hops", "entities", "qseed", "names", "pages"), "wiki10k": ("n", "seed")}
     if kind not in valid:
         raise AsearchError(f"{spec!r} is not a built-in set (world[:...] or wiki10k[:...])")
     values: dict[str, Any] = {}
@@ -102,7 +103,7 @@ def parse_builtin_spec(spec: str) -> WorldSetSpec | Wiki10kSetSpec:
                 f"dataset {spec!r}: bad option {item!r}; {kind} takes key=value options among "
                 f"{', '.join(valid[kind])} (e.g. {kind}:n=100)"
             )
-        values[key] = _hops(spec, raw) if key == "hops" else _int(spec, key, raw)
+        values[key] = _hops(spec, raw) if key == "hops" else raw if key == "pages" else _int(spec, key, raw)
     if values.get("n", 1) < 1:
         raise AsearchError(f"dataset {spec!r}: n must be >= 1")
     return WorldSetSpec(**values) if kind == "world" else Wiki10kSetSpec(**values)
@@ -131,7 +132,11 @@ def world_questions(spec: WorldSetSpec = WorldSetSpec(), *, dataset: str = "worl
     """
     from asearch.corpus.world import WorldCorpus, generate_questions
 
-    world = WorldCorpus(spec.seed, *(() if spec.entities is None else (spec.entities,)), names=spec.names)
+    entities = () if spec.entities is None else (spec.entities,)
+    try:
+        world = WorldCorpus(spec.seed, *entities, names=spec.names, pages=spec.pages)
+    except ConfigError as e:
+        raise AsearchError(f"dataset {dataset!r}: {e}") from None
     try:
         questions = generate_questions(world, spec.n, hops=spec.hops, seed=spec.qseed)
     except ValueError as e:

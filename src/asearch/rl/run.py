@@ -32,6 +32,7 @@ from asearch.config import Config
 from asearch.engine.inprocess import InProcessEngine, InProcessEngineConfig
 from asearch.engine.pool import EnginePool, RolloutServersConfig, open_pool
 from asearch.engine.types import Engine
+from asearch.errors import ConfigError
 from asearch.files import atomic_write_json
 from asearch.launch.local import LocalLauncher
 from asearch.launch.ray import RayLauncher
@@ -73,6 +74,12 @@ class TrainConfig(Config):
     )
     allocation: Allocation = Field(default_factory=Allocation, description="What a launcher starts.")
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    corpus_from_data: bool = Field(
+        False,
+        description="Search each training question in the corpus its record names (`metadata.corpus`, which "
+        "built-in world sets carry), with `tools`' other settings; one index per corpus, built at start. "
+        "Trains on many worlds at once, so a policy cannot do well by remembering one world's facts.",
+    )
     agent: AgentConfig = Field(default_factory=AgentConfig)
     data: str = Field(description="Training questions: a QA set spec or file.")
     reward: RewardConfig = Field(default_factory=RewardConfig)
@@ -95,6 +102,8 @@ class TrainConfig(Config):
                 f"allocation.trainer_ranks={self.allocation.trainer_ranks} needs launcher=ray (FSDP ranks as "
                 f"Ray actors); launcher={self.launcher} trains in this process"
             )
+        if self.corpus_from_data and (self.tools.server_url or self.tools.web or self.tools.index):
+            raise ValueError("corpus_from_data builds a local index per corpus: drop tools.server_url, tools.web and tools.index")
         if self.launcher == "none" and self.rollout_servers is not None and not urls:
             raise ValueError("rollout_servers needs urls of running servers, or launcher=local to start them")
         return self
@@ -131,6 +140,22 @@ async def heldout_accuracy(engine, tokenizer, tools, records, agent_cfg: AgentCo
 
     results = await asyncio.gather(*(one(r) for r in records))
     return sum(s for _, s in results) / max(len(results), 1), [t for t, _ in results]
+
+
+def _tools_per_corpus(cfg: TrainConfig, records, default_tools, closers: list[Any]) -> dict[str, Any]:
+    """corpus spec -> tools over it, for every corpus the records name (`corpus_from_data`)."""
+    corpora = {r["metadata"].get("corpus") for r in records}
+    if None in corpora or "" in corpora:
+        missing = next(r for r in records if not r["metadata"].get("corpus"))
+        raise ConfigError(
+            f"{cfg.data}: record {missing['id']!r} names no corpus (metadata.corpus), which corpus_from_data needs; "
+            "use a built-in world set or add the field"
+        )
+    out = {cfg.tools.corpus: default_tools} if cfg.tools.corpus else {}
+    for corpus in sorted(corpora - set(out)):
+        out[corpus], more = build_tools(cfg.tools.model_copy(update={"corpus": corpus, "index": None}), progress=False)
+        closers.extend(more)
+    return out
 
 
 def _load_records(spec: str) -> list[dict[str, Any]]:
@@ -246,6 +271,7 @@ async def train(cfg: TrainConfig, *, run: RunDir, log=print, model=None, tokeniz
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model)
     records = _load_records(cfg.data)
     tools, closers = build_tools(cfg.tools, progress=False)
+    tools_of = _tools_per_corpus(cfg, records, tools, closers) if cfg.corpus_from_data else {}
     heldout = _load_records(cfg.heldout.dataset) if cfg.heldout.dataset else []
     heldout_tools = build_tools(cfg.heldout.tools, progress=False)[0] if cfg.heldout.tools else tools
 
@@ -283,7 +309,7 @@ async def train(cfg: TrainConfig, *, run: RunDir, log=print, model=None, tokeniz
 
     async def episode(sample: dict[str, Any], k: int):
         return await run_episode(
-            engine, tokenizer, tools, sample["question"], cfg.agent,
+            engine, tokenizer, tools_of.get(sample["metadata"].get("corpus"), tools), sample["question"], cfg.agent,
             trajectory_id=f"{sample['id']}-{k}-{random.getrandbits(32):08x}",
             metadata={"id": sample["id"]},
         )  # fmt: skip

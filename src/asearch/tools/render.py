@@ -11,11 +11,23 @@ from dataclasses import dataclass
 from asearch.retrieval.base import SearchHit
 
 
-def render_search(hits: Sequence[SearchHit], query: str, *, max_doc_chars: int, show_urls: bool = True) -> str:
+def render_search(
+    hits: Sequence[SearchHit], query: str, *, max_doc_chars: int, show_urls: bool = True, compact: bool = False
+) -> str:
     """`[Doc k](url):` (`[Doc k]:` without urls) on its own line, then the passage contents (title line
-    + text) cut at `max_doc_chars`; blocks separated by a blank line. No hits -> a sentence that says so."""
+    + text) cut at `max_doc_chars`; blocks separated by a blank line. No hits -> a sentence that says so.
+
+    `compact`: one line per hit, `[Doc k] text`, without the quoted title line, for pages whose text
+    names their subject. Every word then follows a space, as in the question, so a byte-level BPE
+    gives a name the same tokens everywhere (after a quote or a newline its first word is another token).
+    """
     if not hits:
         return f"No search results were found for the query {query!r}."
+    if compact:
+        return "\n".join(
+            f"[Doc {k}]" + (f"({h.passage.url})" if show_urls else "") + f" {h.passage.text[:max_doc_chars]}"
+            for k, h in enumerate(hits, 1)
+        )
     blocks = [
         f"[Doc {k}]" + (f"({h.passage.url})" if show_urls else "") + f":\n{h.passage.contents[:max_doc_chars]}"
         for k, h in enumerate(hits, 1)

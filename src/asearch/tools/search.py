@@ -36,6 +36,12 @@ class SearchToolConfig(Config):
         description="Print each passage's url (what `access` opens). Without an access tool the urls only "
         "cost tokens: a third of a tiny model's episode in the CPU demo (measured).",
     )
+    compact: bool = Field(
+        False,
+        description="One line per result, `[Doc k] text`, without the quoted title line: for pages whose text "
+        "names their subject (the world's `pages=facts`). A tiny model then sees a name as the same tokens "
+        "in the question and in the results, which is what copying needs.",
+    )
 
 
 @runtime_checkable
@@ -113,7 +119,7 @@ class SearchTool:
             f"search: look up a query in the corpus. Argument: the query text. Returns the top "
             f"{self.config.topk} passages, each as `[Doc k]"
             + ("(url)" if self.config.show_urls else "")
-            + ":` followed by its text."
+            + ("` and its text on one line." if self.config.compact else ":` followed by its text.")
         )
 
     def parse(self, raw: str) -> SearchArgs:
@@ -141,7 +147,8 @@ class SearchTool:
         results = await self.backend.search([args.query], self.config.topk)
         hits = results[0] if results else []
         text = render_search(
-            hits, args.query, max_doc_chars=self.config.max_doc_chars, show_urls=self.config.show_urls
+            hits, args.query, max_doc_chars=self.config.max_doc_chars, show_urls=self.config.show_urls,
+            compact=self.config.compact,
         )
         return Observation(
             text=text,

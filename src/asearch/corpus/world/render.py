@@ -65,10 +65,59 @@ def mention(entity: Entity) -> str:
     return f"the {entity.name}" if entity.type == "event" else entity.name
 
 
-def render_pages(graph: KnowledgeGraph, seed: int) -> dict[str, RenderedPage]:
-    """Every entity's page, keyed by entity id, in graph order."""
+PAGE_STYLES = ("prose", "facts")
+
+
+def render_pages(graph: KnowledgeGraph, seed: int, style: str = "prose") -> dict[str, RenderedPage]:
+    """Every entity's page, keyed by entity id, in graph order. `style`: "prose" (templated encyclopedia
+    sentences) or "facts" (one `key value` field per fact, fixed wording and order; see `facts_page`)."""
+    if style == "facts":
+        return {e.id: facts_page(graph, e) for e in graph.entities()}
+    if style != "prose":
+        raise ValueError(f"page style must be one of {PAGE_STYLES}, got {style!r}")
     renderer = _Renderer(graph, random.Random(f"asearch-world/{seed}/render"))
     return {e.id: renderer.page(e) for e in graph.entities()}
+
+
+# The "facts" style: the key of each attribute/relation, per entity type ("" = the value alone).
+# Keys reuse the questions' words where they can ("Who is the spouse of X?" -> `spouse`), so a tiny
+# model can find the asked fact by matching words instead of learning paraphrases.
+_FACT_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
+    "person": (("occupation", "occupation"), ("birth_year", "birth year"), ("born_in", "birthplace"),
+               ("alma_mater", "alma mater"), ("employer", "employer"), ("spouse", "spouse")),
+    "city": (("country", "country"), ("founded", "founded"), ("population", "population")),
+    "country": (("capital", "capital"),),
+    "company": (("industry", "industry"), ("headquarters", "headquarters"), ("founded", "founded"),
+                ("founder", "founder")),
+    "university": (("headquarters", "headquarters"), ("founded", "founded"), ("founder", "founder")),
+    "book": (("genre", "genre"), ("creator", "author"), ("publisher", "publisher"), ("year", "year")),
+    "film": (("genre", "genre"), ("creator", "director"), ("publisher", "studio"), ("year", "year")),
+    "album": (("genre", "genre"), ("creator", "artist"), ("publisher", "label"), ("year", "year")),
+    "event": (("category", "category"), ("location", "host city"), ("year", "year"),
+              ("organiser", "organiser"), ("winner", "winner")),
+}  # fmt: skip
+
+
+def facts_page(graph: KnowledgeGraph, entity: Entity) -> RenderedPage:
+    """`Name : type ; key value ; ... .` with the entity's own facts only, always in the same order.
+
+    Other entities' pages still name this one (a spouse's page says `spouse <this>`), so a keyword
+    search for a name returns those pages as distractors next to the right one.
+    """
+    fields, statements, mentions = [entity.type], {}, []
+    for key, word in _FACT_KEYS[entity.type]:
+        if key in entity.attrs:
+            value = entity.attrs[key]
+            text = f"{int(value):,}" if key == "population" else str(value)
+        elif (obj := graph.one(entity.id, key)) is not None:
+            text = graph.get(obj).name
+            mentions.append(obj)
+        else:
+            continue
+        field_text = f"{word} {text}"
+        fields.append(field_text)
+        statements[key] = field_text
+    return RenderedPage(entity.id, entity.name, f"{entity.name} : " + " ; ".join(fields) + " .", tuple(mentions), statements)
 
 
 class _Renderer:

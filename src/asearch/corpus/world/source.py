@@ -9,7 +9,8 @@ from functools import cached_property
 from asearch.corpus.types import Document, Page
 from asearch.corpus.world.generate import GENERATOR_VERSION, check_world_size, generate_graph
 from asearch.corpus.world.graph import Entity, KnowledgeGraph
-from asearch.corpus.world.render import RenderedPage, render_pages
+from asearch.corpus.world.render import PAGE_STYLES, RenderedPage, render_pages
+from asearch.errors import ConfigError
 
 DEFAULT_ENTITIES = 2000
 
@@ -22,10 +23,15 @@ class WorldCorpus:
     reserved TLD, so no url is ever fetched.
     """
 
-    def __init__(self, seed: int = 0, n_entities: int = DEFAULT_ENTITIES, names: int | None = None):
-        self.seed, self.n_entities, self.names = seed, n_entities, names
+    def __init__(
+        self, seed: int = 0, n_entities: int = DEFAULT_ENTITIES, names: int | None = None, pages: str = "prose"
+    ):
+        if pages not in PAGE_STYLES:
+            raise ConfigError(f"world: pages must be one of {', '.join(PAGE_STYLES)}, got {pages!r}")
+        self.seed, self.n_entities, self.names, self.page_style = seed, n_entities, names, pages
         # the spec `open_corpus` accepts
         self.name = f"world:seed={seed},entities={n_entities}" + ("" if names is None else f",names={names}")
+        self.name += "" if pages == "prose" else f",pages={pages}"
         self.base_url = f"https://world{seed}.example/wiki/"
         check_world_size(seed, n_entities, names)  # fail now, not at first use
 
@@ -36,11 +42,12 @@ class WorldCorpus:
 
     @cached_property
     def _pages(self) -> dict[str, RenderedPage]:
-        return render_pages(self.graph, self.seed)
+        return render_pages(self.graph, self.seed, self.page_style)
 
     def __repr__(self) -> str:
         names = "" if self.names is None else f", names={self.names}"
-        return f"WorldCorpus(seed={self.seed}, n_entities={self.n_entities}{names})"
+        pages = "" if self.page_style == "prose" else f", pages={self.page_style!r}"
+        return f"WorldCorpus(seed={self.seed}, n_entities={self.n_entities}{names}{pages})"
 
     def __len__(self) -> int:
         return self.n_entities
@@ -98,6 +105,7 @@ class WorldCorpus:
         """Identifies the content: it is a pure function of generator version, seed and size, so no hashing of text."""
         key = f"asearch-world|v{GENERATOR_VERSION}|seed={self.seed}|entities={self.n_entities}"
         key += "" if self.names is None else f"|names={self.names}"  # unchanged for own-name worlds
+        key += "" if self.page_style == "prose" else f"|pages={self.page_style}"
         return f"{self.name}:v{GENERATOR_VERSION}:sha256:{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
     def content_digest(self) -> str:
