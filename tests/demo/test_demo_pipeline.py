@@ -54,3 +54,15 @@ def test_demo_worlds_can_share_one_name_pool() -> None:
     assert {r.metadata["corpus"] for r in train} == {"world:seed=1,entities=300,names=9"}
     assert {r.metadata["corpus"] for r in held} == {"world:seed=128,entities=300,names=9"}
     assert len(train) == len(held) == 9
+
+
+def test_name_answers_keeps_only_questions_answered_by_an_entity() -> None:
+    """`name_answers`: every question's last hop is a relation (its answer a page's title), hops stay balanced."""
+    from asearch.corpus.world import RELATIONS
+    from asearch.demo.pipeline import _world_records
+
+    recs = _world_records(1, 600, 30, (1, 2, 3), "t", names=9, pages="facts", name_answers=True)
+    assert len(recs) == 30 and sorted({r.metadata["hops"] for r in recs}) == [1, 2, 3]
+    assert all(r.metadata["path"][-1] in RELATIONS and not r.golds[0][:1].isdigit() for r in recs)
+    every = _world_records(1, 600, 30, (1, 2, 3), "t", names=9, pages="facts")
+    assert any(r.metadata["path"][-1] not in RELATIONS for r in every)  # attribute answers without it

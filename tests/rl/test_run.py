@@ -94,3 +94,17 @@ def test_the_time_budget_holds_when_every_group_is_rejected(
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 0 and summary["rejected_groups"]["zero_variance"] > 0
     assert summary["rl_wall_seconds"] < 30 and time.monotonic() - started < 200
+
+
+def test_a_run_stopped_by_its_time_budget_checkpoints_its_last_step(
+    tiny_world_model_dir, train_command, subprocess_env, tmp_path
+) -> None:
+    """Between checkpoints (every 100,000 steps here) the time budget ends the run: its last step is still saved."""
+    out = tmp_path / "run"
+    cmd = [*train_command(tiny_world_model_dir, out, 100_000), "max_rl_seconds=5", "checkpoint_every=100000"]
+    done = subprocess.run(cmd, env=subprocess_env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = json.loads((out / "summary.json").read_text())["steps"]
+    assert 0 < steps < 100_000
+    saved = [p.name for p in (out / "checkpoints").glob("step_*") if (p / "state.json").exists()]
+    assert saved == [f"step_{steps}"]

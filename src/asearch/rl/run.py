@@ -396,7 +396,8 @@ async def train(cfg: TrainConfig, *, run: RunDir, log=print, model=None, tokeniz
             if step % cfg.log_trajectories_every == 0:
                 for t in batch[0].trajectories:
                     run.log_trajectory({"step": step, "group": batch[0].index, **t.to_dict()})
-            if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            out_of_time = cfg.max_rl_seconds is not None and rl_wall() >= cfg.max_rl_seconds
+            if step % cfg.checkpoint_every == 0 or step == cfg.steps or out_of_time:  # the last step is kept
                 state = {"step": step, "rl_wall_s": rl_wall(), "controller": controller.state_dict()}
                 save_checkpoint(run.path, step, trainer, state, cfg.keep_checkpoints)
     finally:
