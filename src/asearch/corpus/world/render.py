@@ -79,7 +79,7 @@ def render_pages(graph: KnowledgeGraph, seed: int, style: str = "prose") -> dict
     return {e.id: renderer.page(e) for e in graph.entities()}
 
 
-# The "facts" style: the key of each attribute/relation, per entity type ("" = the value alone).
+# The "facts" style: (attribute or relation, the key word printed before its value), per entity type.
 # Keys reuse the questions' words where they can ("Who is the spouse of X?" -> `spouse`), so a tiny
 # model can find the asked fact by matching words instead of learning paraphrases.
 _FACT_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
