@@ -203,7 +203,8 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
     # ---- 3. expert trajectories through the real loop and tools, then SFT
     from asearch.demo.expert import WorldExpert, plan_from_record
 
-    sft_worlds = [(recs, build_tools(tc, progress=False)[0]) for recs, tc in zip(per_world, train_tools_cfgs, strict=True)]
+    built = [build_tools(tc, progress=False) for tc in train_tools_cfgs]  # (tools, closers) per world
+    sft_worlds = [(recs, tools) for recs, (tools, _) in zip(per_world, built, strict=True)]
     engines = [  # one expert per world: a question's text may recur in another world with another answer
         ScriptedEngine(tokenizer, WorldExpert({r.question: plan_from_record(r.model_dump()) for r in recs},
                                               p_skip=cfg.p_skip, p_wrong=cfg.p_wrong, seed=cfg.seed + 7919 * k))
@@ -224,6 +225,8 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     expert_trajs = asyncio.run(expert_runs())
+    for close in (c for _, closers in built for c in closers):  # RL opens its own (corpus_from_data)
+        close()
     samples = trajectories_to_samples(expert_trajs)
     mean_len = sum(len(s.token_ids) for s in samples) / len(samples)
     log(f"[3/6] {len(expert_trajs)} expert episodes on {len(sft_worlds)} world(s) in {time.perf_counter() - t0:.0f}s (mean {mean_len:.0f} tokens); SFT {cfg.sft.steps} steps")

@@ -50,6 +50,7 @@ def sft(model: Any, samples: Sequence[Sample], cfg: SFTConfig, *, on_step: Calla
         return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * p)))
 
     model.train()
+    device = next(model.parameters()).device.type
     losses = []
     order: list[int] = []
     for step in range(cfg.steps):
@@ -64,7 +65,6 @@ def sft(model: Any, samples: Sequence[Sample], cfg: SFTConfig, *, on_step: Calla
         total = 0.0
         for micro in micro_batches(batch, cfg.token_budget):
             rows = [batch[i] for i in micro]
-            device = next(model.parameters()).device.type
             with torch.autocast(device, dtype=torch.bfloat16, enabled=cfg.bf16):
                 lp = sequence_logprobs(model, rows, temperature=1.0).float()
             mask = torch.zeros_like(lp)

@@ -12,7 +12,12 @@ from asearch.retrieval.base import SearchHit
 
 
 def render_search(
-    hits: Sequence[SearchHit], query: str, *, max_doc_chars: int, show_urls: bool = True, compact: bool = False
+    hits: Sequence[SearchHit],
+    query: str,
+    *,
+    max_doc_chars: int,
+    show_urls: bool = True,
+    compact: bool = False,
 ) -> str:
     """`[Doc k](url):` (`[Doc k]:` without urls) on its own line, then the passage contents (title line
     + text) cut at `max_doc_chars`; blocks separated by a blank line. No hits -> a sentence that says so.
@@ -23,16 +28,14 @@ def render_search(
     """
     if not hits:
         return f"No search results were found for the query {query!r}."
+    headers = [f"[Doc {k}]" + (f"({h.passage.url})" if show_urls else "") for k, h in enumerate(hits, 1)]
     if compact:
         return "\n".join(
-            f"[Doc {k}]" + (f"({h.passage.url})" if show_urls else "") + f" {h.passage.text[:max_doc_chars]}"
-            for k, h in enumerate(hits, 1)
+            f"{head} {h.passage.text[:max_doc_chars]}" for head, h in zip(headers, hits, strict=True)
         )
-    blocks = [
-        f"[Doc {k}]" + (f"({h.passage.url})" if show_urls else "") + f":\n{h.passage.contents[:max_doc_chars]}"
-        for k, h in enumerate(hits, 1)
-    ]
-    return "\n\n".join(blocks)
+    return "\n\n".join(
+        f"{head}:\n{h.passage.contents[:max_doc_chars]}" for head, h in zip(headers, hits, strict=True)
+    )
 
 
 def page_marker(k: int, n: int, url: str) -> str:
