@@ -14,10 +14,11 @@ pytest.importorskip("torch")
 pytest.importorskip("matplotlib")
 
 
-def test_demo_writes_summary_plot_report_and_rl_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("tokenizer", ["bpe", "word"])
+def test_demo_writes_summary_plot_report_and_rl_run(tmp_path: Path, tokenizer: str) -> None:
     out = tmp_path / "demo"
     toy = [
-        "world_entities=150", "heldout_entities=150", "train_questions=30", "heldout_questions=9",
+        f"tokenizer={tokenizer}", "world_entities=150", "heldout_entities=150", "train_questions=30", "rl_questions=6", "heldout_questions=9",
         "heldout_during_rl=3", "expert_episodes=30", "vocab_size=400", "hidden=32", "layers=1", "heads=2",
         "sft.steps=3", "sft.batch_size=4", "train_worlds=2", "rl_seconds=15", "rl_steps=2", "eval_every_s=1", "setup_threads=1",
         "rollout.batch_size=1", "rollout.group_size=2", "rollout.max_concurrent=2", "max_turns=3",
@@ -43,6 +44,21 @@ def test_demo_writes_summary_plot_report_and_rl_run(tmp_path: Path) -> None:
     train = [json.loads(line) for line in (out / "data" / "train.jsonl").read_text().splitlines()]
     held = [json.loads(line) for line in (out / "data" / "heldout.jsonl").read_text().splitlines()]
     assert train and held and not {q["question"] for q in train} & {q["question"] for q in held}
+    # RL asks questions the expert (SFT) episodes never did
+    rl = [json.loads(line) for line in (out / "data" / "rl.jsonl").read_text().splitlines()]
+    asked = lambda qs: {(q["metadata"]["corpus"], q["question"]) for q in qs}  # noqa: E731
+    assert len(rl) == 2 * 6 and not asked(rl) & asked(train)
+    assert f"{tokenizer} tokenizer" in done.stdout + done.stderr
+
+
+def test_split_per_hop_takes_the_last_questions_of_each_hop_count() -> None:
+    from asearch.demo.pipeline import _split_per_hop, _world_records
+
+    recs = _world_records(1, 300, 12, (1, 2, 3), "t", names=9)
+    rest, last = _split_per_hop(recs, 1)
+    assert [r.metadata["hops"] for r in last] == [1, 2, 3] and len(rest) == 9
+    assert {r.question for r in rest}.isdisjoint({r.question for r in last}) and len({r.question for r in recs}) == 12
+    assert _split_per_hop(recs, 10)[0] == []  # fewer than asked: all of them go to the second part
 
 
 def test_demo_worlds_can_share_one_name_pool() -> None:

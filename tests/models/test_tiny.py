@@ -114,3 +114,25 @@ def test_missing_model_offline_says_how_to_get_one(monkeypatch, tmp_path):
         load_tokenizer("asearch-test-org/no-such-model")
     with pytest.raises(ConfigError, match="directory without a saved model"):
         load_model(tmp_path)
+
+
+def test_word_tokenizer_gives_each_seen_word_one_token_round_trips_and_reloads(tmp_path):
+    from asearch.models.tiny import UNK, train_word_tokenizer
+
+    texts = ["Question: Who employs Kota Kaitynd?\n<search> Kota Kaitynd</search>", "[Doc 1] Kota Kaitynd : person ; birth year 1924 .\n"]
+    tok = train_word_tokenizer(texts * 3)
+    seen = "Question: Who employs Kota Kaitynd?\n<search> Kota Kaitynd</search>\n[Doc 1] Kota Kaitynd : person ; birth year 1924 .\n"
+    ids = tok.encode(seen, add_special_tokens=False)
+    assert tok.decode(ids) == seen  # exact: each piece keeps the space before it
+    assert tok.convert_ids_to_tokens(tok.encode(" Kaitynd 1924", add_special_tokens=False)) == ["ĠKaitynd", "Ġ1924"]
+    assert UNK not in tok.convert_ids_to_tokens(ids)
+    assert tok.decode(tok.encode(" Kota Zork", add_special_tokens=False)) == f" Kota{UNK}"  # unseen word -> unk
+    ids = tok.encode("a<|im_end|>", add_special_tokens=False)
+    assert tok.convert_tokens_to_ids("<|im_end|>") in ids and tok.eos_token == "<|im_end|>"
+
+    model = build_tiny_model(tok, hidden=32, layers=1, heads=2)
+    save_tiny(model, tok, tmp_path / "m")
+    again = load_tokenizer(tmp_path / "m")  # not rebuilt as Qwen2's BPE class
+    assert again.encode(seen, add_special_tokens=False) == tok.encode(seen, add_special_tokens=False)
+    assert again.decode(again.encode(seen, add_special_tokens=False)) == seen
+    assert again.unk_token == UNK and again.pad_token_id == tok.pad_token_id

@@ -63,29 +63,46 @@ class DemoConfig(Config):
         "RL the model answered 0 of 91 year questions (a constant '1933') while copying names (measured). "
         "With it, seed 0's SFT start was stronger (0.497) but RL did not move it (docs/demo.md, run C).",
     )
-    train_questions: int = Field(300, description="Questions per training world (RL draws from all worlds).")
+    train_questions: int = Field(
+        1200, description="Expert (SFT) questions per training world; `expert_episodes` cycle over them."
+    )
+    rl_questions: int = Field(
+        100, ge=1, description="RL questions per training world, none of them among the SFT ones: RL rewards on "
+        "questions SFT trained on reward remembered answers (rollouts 0.6 against 0.3 held-out, measured).",
+    )
     heldout_questions: int = 300
     heldout_during_rl: int = Field(100, description="Held-out questions evaluated periodically during RL.")
     topk: int = Field(2, ge=1, description="Search results per query (the second is usually a distractor).")
+    tokenizer: Literal["bpe", "word"] = Field(
+        "bpe",
+        description="'word': one token per word, number, tag or punctuation mark seen in the training worlds "
+        "(a name word is one token to copy); 'bpe': byte-level BPE of `vocab_size` tokens fitted on "
+        "`tokenizer_worlds` other worlds (name words in 2-3 pieces; docs/demo.md).",
+    )
     vocab_size: int = Field(
-        2000, description="BPE tokens at most (fewer when the texts have no more merges). 6,000 over 3 worlds "
+        2000, description="With tokenizer=bpe: BPE tokens at most (fewer when the texts have no more merges). 6,000 over 3 worlds "
         "makes most name words one token, but seed 0's SFT start fell from 0.497 to 0.177 (docs/demo.md, run D).",
+    )
+    whole_numbers: bool = Field(
+        True, description="With tokenizer=bpe: numbers are not split into digits before merging, so most years "
+        "are one token (83% of held-out years at 2,000 tokens; digit by digit, 0 of 91 year questions were "
+        "answered after SFT and RL, measured).",
     )
     tokenizer_worlds: int = Field(1, ge=1, description="Worlds (other seeds than training and held-out) the tokenizer is fitted on.")
     hidden: int = 128
     layers: int = 4
     heads: int = 4
-    expert_episodes: int = 12000
+    expert_episodes: int = Field(48000, description="Expert episodes for SFT, spread evenly over the worlds and their questions.")
     train_worlds: int = Field(
         40, ge=1, description="Training worlds: the SFT expert episodes and the RL questions are spread over "
         "them. With `names` set, facts differ between worlds under the same names, so only reading lowers "
         "the loss (one world: the model remembers its facts, and held-out accuracy stays near 0, measured).",
     )
-    p_skip: float = Field(0.5, description="Expert stops one hop short with this probability per extra hop.")
+    p_skip: float = Field(0.75, description="Expert stops one hop short with this probability per extra hop.")
     p_wrong: float = Field(0.25, description="Expert copies a wrong name on one-hop questions.")
     sft: SFTConfig = Field(
         default_factory=lambda: SFTConfig(
-            steps=1200, batch_size=32, lr=3e-3, token_budget=8192, context_loss_weight=1.0, bf16=True
+            steps=1500, batch_size=32, lr=3e-3, token_budget=2048, context_loss_weight=1.0, bf16=True
         )
     )
     rl_seconds: float = Field(480.0, gt=0, description="RL wall-time budget.")
@@ -94,6 +111,7 @@ class DemoConfig(Config):
         default_factory=lambda: ControllerConfig(batch_size=8, group_size=8, max_staleness=2, max_concurrent=16)
     )
     lr: float = 2e-4
+    rl_token_budget: int = Field(4096, ge=64, description="RL trainer: padded tokens per micro-batch (sorted by length, so less padding).")
     temperature: float = Field(
         0.7, gt=0, description="RL sampling temperature (the SFT policy at 1.0 is too diffuse to earn rewards: "
         "held-out 0.013 against 0.153 greedy after 600 SFT steps, measured).",
@@ -131,21 +149,55 @@ def _world_records(seed: int, entities: int, n: int, hops: tuple[int, ...], data
     return out
 
 
-def _tokenizer_texts(corpus, records) -> Any:
-    """Pages plus rendered actions and observations, so tags and result headers get merged tokens."""
+def _split_per_hop(records: list[Any], per_hop: int) -> tuple[list[Any], list[Any]]:
+    """(the rest, the last `per_hop` questions of each hop count): disjoint, both balanced over hops."""
+    by_hops: dict[int, list[Any]] = {}
+    for r in records:
+        by_hops.setdefault(r.metadata["hops"], []).append(r)
+    cut = {h: max(0, len(rs) - per_hop) for h, rs in by_hops.items()}
+    return [r for h, rs in by_hops.items() for r in rs[: cut[h]]], [r for h, rs in by_hops.items() for r in rs[cut[h] :]]
+
+
+def _tokenizer_texts(corpus, records, topk: int) -> Any:
+    """Pages as search results, and questions, actions and observations, so tags and result headers are known."""
     from asearch.demo.expert import act
 
-    for doc in corpus.documents():
-        yield doc.title + "\n" + doc.text
+    yield from _page_texts(corpus, topk)
     for r in records[:500]:
         ev = r.metadata["evidence"]
-        yield f"Question: {r.question}\n{act('search', ev[0]['entity'])}\n<information>\n[Doc 1] [Doc 2]\n"
-        yield act("answer", r.golds[0])
+        yield DEMO_STYLE["user_template"].format(question=r.question) + act("search", ev[0]["entity"])
+        yield DEMO_STYLE["observation_template"].format(text="[Doc 1]") + act("answer", r.golds[0])
+
+
+def _page_texts(corpus, topk: int) -> Any:
+    """Every page of `corpus` as the compact search results show it, `topk` to a text."""
+    docs = list(corpus.documents())
+    for k in range(0, len(docs), topk):
+        yield "\n".join(f"[Doc {j + 1}] {doc.text}" for j, doc in enumerate(docs[k : k + topk]))
+
+
+def _expert_texts(tokenizer, records, built_tools, agent_cfg, cfg) -> list[str]:
+    """The texts of expert episodes on `records` through the real loop and tools (with `tokenizer`)."""
+    from asearch.demo.expert import WorldExpert, plan_from_record
+
+    tools, closers = built_tools
+    engine = ScriptedEngine(tokenizer, WorldExpert({r.question: plan_from_record(r.model_dump()) for r in records},
+                                                   p_skip=cfg.p_skip, p_wrong=cfg.p_wrong, seed=cfg.seed))  # fmt: skip
+
+    async def go():
+        return await asyncio.gather(*(run_episode(engine, tokenizer, tools, r.question, agent_cfg) for r in records))
+
+    try:
+        trajs = asyncio.run(go())
+    finally:
+        for close in closers:
+            close()
+    return [tokenizer.decode([t for seg in traj.segments for t in seg.token_ids]) for traj in trajs]
 
 
 def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
     from asearch.corpus.world import WorldCorpus
-    from asearch.models.tiny import build_tiny_model, save_tiny, train_bpe_tokenizer
+    from asearch.models.tiny import build_tiny_model, save_tiny, train_bpe_tokenizer, train_word_tokenizer
 
     t_start = time.perf_counter()
     torch.manual_seed(cfg.seed)
@@ -162,14 +214,17 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
     train_seeds = [train_seed + 256 * k for k in range(cfg.train_worlds)]
     heldout_spec = world(heldout_seed, cfg.heldout_entities).name
     log(f"[1/6] worlds: {cfg.train_worlds} for training ({world(train_seed, cfg.world_entities).name}, ...), held-out {heldout_spec}")
-    per_world = [
-        _world_records(seed, cfg.world_entities, cfg.train_questions, cfg.hops, "world-train", cfg.names, cfg.pages, cfg.name_answers)
-        for seed in train_seeds
-    ]
+    per_world, rl_records = [], []
+    for seed in train_seeds:
+        recs = _world_records(seed, cfg.world_entities, cfg.train_questions + cfg.rl_questions, cfg.hops, "world-train", cfg.names, cfg.pages, cfg.name_answers)
+        sft_part, rl_part = _split_per_hop(recs, cfg.rl_questions // len(cfg.hops))
+        per_world.append(sft_part)
+        rl_records += rl_part
     train_records = [r for recs in per_world for r in recs]
     heldout_records = _world_records(heldout_seed, cfg.heldout_entities, cfg.heldout_questions, cfg.hops, "world-heldout", cfg.names, cfg.pages, cfg.name_answers)
     data_dir = run.path / "data"
     write_jsonl(data_dir / "train.jsonl", (r.to_jsonl_dict() for r in train_records))
+    write_jsonl(data_dir / "rl.jsonl", (r.to_jsonl_dict() for r in rl_records))
     write_jsonl(data_dir / "heldout.jsonl", (r.to_jsonl_dict() for r in heldout_records))
     write_jsonl(data_dir / "heldout_small.jsonl", (r.to_jsonl_dict() for r in heldout_records[:: max(1, len(heldout_records) // cfg.heldout_during_rl)][: cfg.heldout_during_rl]))
     # no access tool here, so urls would only cost tokens (a third of an expert episode, measured);
@@ -178,27 +233,40 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
     train_tools_cfgs = [ToolsConfig(corpus=world(seed, cfg.world_entities).name, search=search_cfg, access=None) for seed in train_seeds]
     heldout_tools_cfg = ToolsConfig(corpus=heldout_spec, search=search_cfg, access=None)
     heldout_tools, _ = build_tools(heldout_tools_cfg, progress=False)
-    log(f"      {len(train_records)} training and {len(heldout_records)} held-out questions (hops {cfg.hops})")
+    log(f"      {len(train_records)} expert (SFT), {len(rl_records)} RL and {len(heldout_records)} held-out questions (hops {cfg.hops})")
 
     # ---- 2. tokenizer and tiny model
+    agent_cfg = AgentConfig(style="search-r1", style_options=DEMO_STYLE, max_turns=cfg.max_turns, max_new_tokens=48, max_context_tokens=1024)
     # The tokenizer learns from other worlds: fit on the training world, it gave that world's names whole
     # tokens (2.8 tokens per name against 4.1 for held-out names, measured), so the copying the model learns
     # on training names would not carry over to held-out ones. Both are equally foreign to other worlds.
     # A larger vocabulary over more worlds makes name words whole tokens (2,000 tokens over 1 world: 28% of
     # held-out name words; 6,000 over 3: 87%), but the model then learns every name's embedding from fewer
     # occurrences: measured, the smaller one gives the better supervised start at equal steps.
-    tok_seeds = [2 * cfg.seed + 64 + 256 * k for k in range(cfg.tokenizer_worlds)]
-    tokenizer = train_bpe_tokenizer(
-        itertools.chain.from_iterable(
-            _tokenizer_texts(world(seed, cfg.world_entities), _world_records(seed, cfg.world_entities, 300, cfg.hops, "world-tokenizer", cfg.names, cfg.pages))
-            for seed in tok_seeds
-        ),
-        vocab_size=cfg.vocab_size,
-    )
+    if cfg.tokenizer == "word":  # the training worlds' own words (the shared name pool, the page keys) and
+        # the loop's exact texts: expert episodes through it with a byte tokenizer (no merges: nothing to fit)
+        byte_tok = train_bpe_tokenizer([], vocab_size=300)
+        texts = _expert_texts(byte_tok, per_world[0][:300], build_tools(train_tools_cfgs[0], progress=False), agent_cfg, cfg)
+        tokenizer = train_word_tokenizer(
+            itertools.chain(
+                texts,
+                itertools.chain.from_iterable(_page_texts(world(seed, cfg.world_entities), cfg.topk) for seed in train_seeds),
+            )
+        )
+    else:
+        tok_seeds = [2 * cfg.seed + 64 + 256 * k for k in range(cfg.tokenizer_worlds)]
+        tokenizer = train_bpe_tokenizer(
+            itertools.chain.from_iterable(
+                _tokenizer_texts(world(seed, cfg.world_entities), _world_records(seed, cfg.world_entities, 300, cfg.hops, "world-tokenizer", cfg.names, cfg.pages), cfg.topk)
+                for seed in tok_seeds
+            ),
+            vocab_size=cfg.vocab_size,
+            whole_numbers=cfg.whole_numbers,
+        )
     model = build_tiny_model(tokenizer, hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads, max_positions=1024, seed=cfg.seed)
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"[2/6] tokenizer {len(tokenizer)} tokens; model {n_params:,} parameters")
-    agent_cfg = AgentConfig(style="search-r1", style_options=DEMO_STYLE, max_turns=cfg.max_turns, max_new_tokens=48, max_context_tokens=1024)
+    unknown = _unknown_words(tokenizer, world(heldout_seed, cfg.heldout_entities))
+    log(f"[2/6] {cfg.tokenizer} tokenizer {len(tokenizer)} tokens ({unknown} of the held-out pages' tokens unknown); model {n_params:,} parameters")
 
     # ---- 3. expert trajectories through the real loop and tools, then SFT
     from asearch.demo.expert import WorldExpert, plan_from_record
@@ -243,9 +311,9 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
         seed=cfg.seed, out=run.path / "rl", model=str(model_dir), threads=cfg.threads,
         engine=InProcessEngineConfig(threads=cfg.threads, max_batch=128, max_seq_len=1024),
         tools=train_tools_cfgs[0], corpus_from_data=True, agent=agent_cfg.model_copy(update={"temperature": cfg.temperature}),
-        data=str(data_dir / "train.jsonl"),
+        data=str(data_dir / "rl.jsonl"),
         reward=RewardConfig(metric="em", format_gate=True), rollout=cfg.rollout,
-        trainer=TrainerConfig(optim=OptimConfig(lr=cfg.lr), loss=LossConfig(eps_clip=0.2), token_budget=16384),
+        trainer=TrainerConfig(optim=OptimConfig(lr=cfg.lr), loss=LossConfig(eps_clip=0.2), token_budget=cfg.rl_token_budget),
         steps=cfg.rl_steps, max_rl_seconds=cfg.rl_seconds,
         heldout=HeldoutConfig(dataset=str(data_dir / "heldout_small.jsonl"), tools=heldout_tools_cfg, every_s=cfg.eval_every_s),
         checkpoint_every=20,
@@ -297,3 +365,12 @@ def _heldout(model, tokenizer, tools, records, agent_cfg, cfg) -> float:
             await engine.close()
 
     return asyncio.run(go())
+
+
+def _unknown_words(tokenizer, corpus) -> str:
+    """The share of a corpus's tokens the tokenizer maps to unk, as text ("0.0%"; byte-level BPE has none)."""
+    unk = tokenizer.unk_token_id
+    if unk is None:
+        return "0.0%"
+    ids = [i for doc in corpus.documents() for i in tokenizer.encode(doc.text, add_special_tokens=False)]
+    return f"{100 * sum(i == unk for i in ids) / max(1, len(ids)):.1f}%"

@@ -7,6 +7,7 @@ hub models all go through `from_pretrained`. Offline (HF_HUB_OFFLINE=1) a missin
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -96,9 +97,30 @@ def load_tokenizer(name_or_path: str | os.PathLike[str]) -> PreTrainedTokenizerB
     from transformers import AutoTokenizer
 
     path = resolve_model_path(name_or_path)
+    if _saved_as_generic(path):
+        # A tokenizer saved as a generic fast tokenizer (`train_bpe_tokenizer`, `train_word_tokenizer`) is its
+        # tokenizer.json; AutoTokenizer would pick the model type's class instead (Qwen2's rebuilds a BPE with
+        # its own split rules from vocab and merges: whole numbers split again, a word-level vocab encodes nothing)
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
     try:
         return AutoTokenizer.from_pretrained(path, local_files_only=hf_offline())
     except (OSError, ValueError) as e:
         if Path(path).is_dir() and any(Path(path).glob("tokenizer*")):
             raise
         raise _not_found(path, "tokenizer", e) from e
+
+
+def _saved_as_generic(path: str | os.PathLike[str]) -> bool:
+    """Whether directory `path` holds a tokenizer.json saved as a generic fast tokenizer (no model-specific class)."""
+    config, file = Path(path) / "tokenizer_config.json", Path(path) / "tokenizer.json"
+    if not (config.is_file() and file.is_file()):
+        return False
+    try:
+        return json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class") in _GENERIC_TOKENIZER_CLASSES
+    except (OSError, ValueError):
+        return False  # AutoTokenizer reports a broken file better
+
+
+_GENERIC_TOKENIZER_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")

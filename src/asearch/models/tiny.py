@@ -20,6 +20,10 @@ IM_START, IM_END, ENDOFTEXT, PAD = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 DEFAULT_SPECIAL_TOKENS: tuple[str, ...] = (ENDOFTEXT, IM_START, IM_END, PAD)
 
 QWEN2_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+# The same with a number kept whole after one leading character (` 1924`), so BPE can merge it into one token:
+# a year in single digits is four tokens that recur everywhere in a page, and a tiny model copying them
+# digit by digit answered 0 of 91 year questions (docs/demo.md).
+WHOLE_NUMBERS_PRETOKENIZE_REGEX = QWEN2_PRETOKENIZE_REGEX.replace(r"|\p{N}|", r"|[^\r\n\p{L}\p{N}]?\p{N}+|")
 
 # ChatML, as Qwen and SmolLM use it; no default system message so prompts stay short for tiny models.
 CHATML_TEMPLATE = (
@@ -36,20 +40,19 @@ def train_bpe_tokenizer(
     special_tokens: Sequence[str] = DEFAULT_SPECIAL_TOKENS,
     *,
     min_frequency: int = 2,
+    whole_numbers: bool = False,
 ) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer (GPT-2 style, every byte representable) on `texts`.
 
     The special tokens get the first ids in the given order and are never split. `<|im_end|>` is the
     eos token (what a chat model emits at the end of a turn), `<|endoftext|>` the bos, `<|pad|>` the pad,
-    and the tokenizer carries a ChatML chat template so `apply_chat_template` works.
+    and the tokenizer carries a ChatML chat template so `apply_chat_template` works. Text is split as
+    Qwen2 splits it (digits one by one), or with `whole_numbers` keeping each number whole for merging.
     """
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     special_tokens = list(special_tokens)
-    for required in (IM_START, IM_END, ENDOFTEXT, PAD):
-        if required not in special_tokens:
-            raise ValueError(f"special_tokens must include {required!r} (got {special_tokens})")
+    _check_specials(special_tokens)
     n_bytes = len(pre_tokenizers.ByteLevel.alphabet())
     if vocab_size < n_bytes + len(special_tokens):
         raise ValueError(
@@ -57,14 +60,14 @@ def train_bpe_tokenizer(
             f"{n_bytes} byte tokens + {len(special_tokens)} special tokens"
         )
 
-    # The exact pipeline transformers' Qwen2Tokenizer rebuilds on load (NFC, Qwen's split regex with
-    # single digits, byte-level, no post-processor): a saved directory is loaded as that class because the
-    # model is a Qwen2, and any difference here would make the reloaded tokenizer encode differently.
+    # Qwen2's pipeline (NFC, its split regex, byte-level, no post-processor). A saved directory reloads
+    # from its tokenizer.json (`load_tokenizer`), not rebuilt by the model type's class.
+    split = WHOLE_NUMBERS_PRETOKENIZE_REGEX if whole_numbers else QWEN2_PRETOKENIZE_REGEX
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
@@ -78,18 +81,75 @@ def train_bpe_tokenizer(
     )
     tok.train_from_iterator(texts, trainer=trainer)
 
+    hf = _wrap(tok, special_tokens, unk_token=None)
+    log.info("trained byte-level BPE tokenizer: %d tokens (%d special)", len(hf), len(special_tokens))
+    return hf
+
+
+# A word-level tokenizer's pieces: Qwen2's split with whole numbers and newlines apart. A word keeps the one
+# character before it (` Kota`, `>Kota`), so concatenating the pieces gives back the text exactly.
+WORD_PIECES_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|[^\r\n\p{L}\p{N}]?\p{N}+| ?[^\s\p{L}\p{N}]+|\s*[\r\n]+|\s+(?!\S)|\s+"""
+UNK = "<|unk|>"
+
+
+def train_word_tokenizer(
+    texts: Iterable[str],
+    special_tokens: Sequence[str] = DEFAULT_SPECIAL_TOKENS,
+    *,
+    min_frequency: int = 1,
+    max_vocab: int = 100_000,
+) -> PreTrainedTokenizerFast:
+    """Fit a word-level tokenizer on `texts`: every piece seen (a word or number with the character before
+    it, a punctuation run, a newline) is one token, and decoding gives back the text exactly.
+
+    For a closed vocabulary like the synthetic world's, where a name word split into byte-pair pieces is
+    several tokens a tiny model must copy in order (docs/demo.md): here ` Kaitynd` is one token. A piece
+    not seen maps to `<|unk|>`. Special tokens, eos, bos, pad and the chat template are those of
+    `train_bpe_tokenizer`.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    special_tokens = [*special_tokens, *([UNK] if UNK not in special_tokens else [])]
+    _check_specials(special_tokens)
+    tok = Tokenizer(models.WordLevel(unk_token=UNK))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(WORD_PIECES_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.WordLevelTrainer(
+        vocab_size=max_vocab, min_frequency=min_frequency, special_tokens=special_tokens, show_progress=False
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    hf = _wrap(tok, special_tokens, unk_token=UNK)
+    log.info("trained word-level tokenizer: %d tokens (%d special)", len(hf), len(special_tokens))
+    return hf
+
+
+def _check_specials(special_tokens: Sequence[str]) -> None:
+    for required in (IM_START, IM_END, ENDOFTEXT, PAD):
+        if required not in special_tokens:
+            raise ValueError(f"special_tokens must include {required!r} (got {list(special_tokens)})")
+
+
+def _wrap(tok, special_tokens: Sequence[str], unk_token: str | None) -> PreTrainedTokenizerFast:
+    """The `tokenizers` object as a transformers tokenizer with ChatML roles and template."""
+    from transformers import PreTrainedTokenizerFast
+
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=ENDOFTEXT,
         eos_token=IM_END,
-        unk_token=None,
+        unk_token=unk_token,
         pad_token=PAD,
-        additional_special_tokens=[t for t in special_tokens if t not in (ENDOFTEXT, IM_END, PAD)],
+        additional_special_tokens=[t for t in special_tokens if t not in (ENDOFTEXT, IM_END, PAD, unk_token)],
         model_max_length=1 << 30,
         clean_up_tokenization_spaces=False,
     )
     hf.chat_template = CHATML_TEMPLATE
-    log.info("trained byte-level BPE tokenizer: %d tokens (%d special)", len(hf), len(special_tokens))
     return hf
 
 

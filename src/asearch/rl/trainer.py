@@ -1,7 +1,7 @@
 """The policy update of one RL step: groups -> samples -> proximal log-probs -> minibatch PPO updates.
 
-Reads top to bottom in `PolicyTrainer.train_step`: recompute log pi_prox once (no grad), then for each
-minibatch accumulate the decoupled PPO loss over token-budget micro-batches and take one AdamW step.
+Reads top to bottom in `PolicyTrainer.train_step`: recompute log pi_prox once (no grad; the first minibatch
+takes it from its own forward), then for each minibatch accumulate the decoupled PPO loss over token-budget micro-batches and take one AdamW step.
 """
 
 from __future__ import annotations
@@ -186,11 +186,13 @@ class PolicyTrainer:
         )
         mb_tokens, mb_sizes = counts[: cfg.n_minibatches], counts[cfg.n_minibatches :]
 
-        # -- 1. proximal log-probs: the policy as it is before this step's updates
+        # -- 1. proximal log-probs: the policy as it is before this step's updates. The first minibatch is
+        # trained before any update, so its own forward gives them (below): only later minibatches need this
+        # extra pass, and with one minibatch (the default) it is skipped.
         prox: dict[int, torch.Tensor] = {}
-        if cfg.prox == "recompute":
+        if cfg.prox == "recompute" and cfg.n_minibatches > 1:
             with torch.no_grad():
-                for idx in self._micro_batches(samples, sorted(i for mb in minibatches for i in mb)):
+                for idx in self._micro_batches(samples, sorted(i for mb in minibatches[1:] for i in mb)):
                     lp = sequence_logprobs(self.model, [samples[i] for i in idx] or [_NOOP], self.temperature)
                     for r, i in enumerate(idx):
                         prox[i] = lp[r, : len(samples[i].token_ids)].cpu()
@@ -210,7 +212,9 @@ class PolicyTrainer:
                 behav = _pad([s.behav_logprobs for s in rows], longest)
                 mask = _pad([s.loss_mask for s in rows], longest)
                 adv = torch.tensor([s.advantage for s in rows])[:, None].expand(-1, longest)
-                if cfg.prox == "recompute":
+                if cfg.prox == "recompute" and k_mb == 0:
+                    prox_lp = logp.detach().cpu()  # no update yet: theta is the proximal policy
+                elif cfg.prox == "recompute":
                     prox_lp = _pad([prox[i].tolist() for i in idx] or [[0.0] * longest], longest)
                 else:
                     # log pi_prox ~ log pi_behav + alpha (log pi_theta - log pi_behav) with

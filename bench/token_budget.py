@@ -1,0 +1,116 @@
+"""Training speed against the micro-batch token budget, on the CPU demo's own samples.
+
+A step's samples are sorted by length and cut into micro-batches of at most `token_budget` padded tokens
+(rows x longest). A large budget puts a whole batch in one micro-batch padded to its longest episode;
+the demo's episodes run from ~60 to ~300 tokens, so about half of it is padding. Measured here: seconds
+per SFT step (32 expert episodes, bf16 autocast) and per RL `train_step` (64 samples, float32, prox
+recomputed), each budget beside the former default in the same run. Table to stdout and
+bench/results/token_budget.md.
+
+    .venv/bin/python bench/token_budget.py                # 2 threads, 12 SFT and 4 RL steps per budget
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from pathlib import Path
+
+import torch
+
+from asearch.files import atomic_write_text
+
+RESULTS = Path(__file__).parent / "results" / "token_budget.md"
+
+
+def demo_samples(n_questions: int):
+    """Expert episodes of the demo (facts pages, top-2 compact results, p_skip 0.75) on one world, with its BPE."""
+    from asearch.agent.loop import AgentConfig, run_episode
+    from asearch.agent.runtime import ToolsConfig, build_tools
+    from asearch.corpus.world import WorldCorpus
+    from asearch.demo.expert import WorldExpert, plan_from_record
+    from asearch.demo.pipeline import DEMO_STYLE, _tokenizer_texts, _world_records
+    from asearch.engine.scripted import ScriptedEngine
+    from asearch.models.tiny import build_tiny_model, train_bpe_tokenizer
+    from asearch.rl.sft import trajectories_to_samples
+
+    world = WorldCorpus(1, 1000, names=255, pages="facts")
+    records = _world_records(1, 1000, n_questions, (1, 2, 3), "bench", 255, "facts")
+    tokenizer = train_bpe_tokenizer(_tokenizer_texts(world, records, 2), vocab_size=2000)
+    tools, closers = build_tools(
+        ToolsConfig(corpus=world.name, search={"topk": 2, "show_urls": False, "compact": True}, access=None), progress=False
+    )
+    expert = WorldExpert({r.question: plan_from_record(r.model_dump()) for r in records}, p_skip=0.75)
+    engine = ScriptedEngine(tokenizer, expert)
+    agent = AgentConfig(style="search-r1", style_options=DEMO_STYLE, max_turns=8, max_new_tokens=48)
+
+    async def run():
+        return await asyncio.gather(*(run_episode(engine, tokenizer, tools, r.question, agent) for r in records))
+
+    samples = trajectories_to_samples(asyncio.run(run()))
+    for close in closers:
+        close()
+    return samples, lambda: build_tiny_model(tokenizer, seed=0)
+
+
+def time_sft(new_model, samples, budget: int, steps: int) -> float:
+    from asearch.rl.sft import SFTConfig, sft
+
+    cfg = SFTConfig(steps=steps, batch_size=32, token_budget=budget, context_loss_weight=1.0, bf16=True)
+    model = new_model()
+    sft(model, samples[:64], cfg.model_copy(update={"steps": 1}))  # warm-up
+    t0 = time.perf_counter()
+    sft(model, samples, cfg)
+    return (time.perf_counter() - t0) / steps
+
+
+def time_rl(new_model, samples, budget: int, steps: int) -> float:
+    from asearch.rl.trainer import PolicyTrainer, Sample, TrainerConfig
+
+    rl = [Sample(s.token_ids, s.loss_mask, [-1.0] * len(s.token_ids), [0] * len(s.token_ids), (-1.0) ** i) for i, s in enumerate(samples)]
+    trainer = PolicyTrainer(new_model(), TrainerConfig(token_budget=budget), total_steps=steps + 1)
+    trainer.train_step(rl[:64], policy_version=0)  # warm-up
+    t0 = time.perf_counter()
+    for k in range(steps):
+        trainer.train_step(rl[64 * (k + 1) : 64 * (k + 2)], policy_version=0)
+    return (time.perf_counter() - t0) / steps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--sft-steps", type=int, default=12)
+    ap.add_argument("--rl-steps", type=int, default=4)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    samples, new_model = demo_samples(600)
+    lengths = sorted(len(s.token_ids) for s in samples)
+    print(f"{len(samples)} expert episodes, tokens min/median/max {lengths[0]}/{lengths[len(lengths) // 2]}/{lengths[-1]}; {args.threads} threads")
+
+    rows = []
+    sft_base = time_sft(new_model, samples, 8192, args.sft_steps)
+    for budget in (16384, 8192, 4096, 2048, 1024):
+        t = sft_base if budget == 8192 else time_sft(new_model, samples, budget, args.sft_steps)
+        rows.append(("SFT step (32 episodes, bf16)", budget, t, sft_base / t))
+        print(f"sft  budget {budget:6d}: {t:.3f} s/step  x{sft_base / t:.2f} vs 8192", flush=True)
+    rl_base = time_rl(new_model, samples, 16384, args.rl_steps)
+    for budget in (16384, 4096, 2048):
+        t = rl_base if budget == 16384 else time_rl(new_model, samples, budget, args.rl_steps)
+        rows.append(("RL train_step (64 samples)", budget, t, rl_base / t))
+        print(f"rl   budget {budget:6d}: {t:.3f} s/step  x{rl_base / t:.2f} vs 16384", flush=True)
+
+    table = ["| what | token budget | s/step | speed vs former default |", "|---|---|---|---|"]
+    table += [f"| {w} | {b} | {t:.3f} | {r:.2f}x |" for w, b, t, r in rows]
+    text = (
+        f"# Token budget ({args.threads} threads)\n\n{len(samples)} demo expert episodes, "
+        f"tokens min/median/max {lengths[0]}/{lengths[len(lengths) // 2]}/{lengths[-1]}.\n\n" + "\n".join(table) + "\n"
+    )
+    atomic_write_text(RESULTS, text)
+    print("\n".join(table))
+    best_sft = max((r for r in rows if r[0].startswith("SFT")), key=lambda r: r[3])
+    print(f"sft speed ratio (budget {best_sft[1]} / 8192): {best_sft[3]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
