@@ -8,7 +8,7 @@ from typing import Any
 from asearch.files import atomic_write_text
 
 
-def write_plot(rows: list[dict[str, Any]], path: Path, *, before: float, after: float) -> None:
+def write_plot(rows: list[dict[str, Any]], path: Path, *, before: float, after: float, temperature: float = 1.0) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -19,7 +19,7 @@ def write_plot(rows: list[dict[str, Any]], path: Path, *, before: float, after: 
     t_e = [r["perf/rl_wall_s"] for r in rows if r.get("eval/heldout_acc") is not None]
     acc = [r["eval/heldout_acc"] for r in rows if r.get("eval/heldout_acc") is not None]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
-    ax.plot(t_r, reward, color="tab:blue", alpha=0.6, label="rollout reward (EM with format gate, sampled at T=1)")
+    ax.plot(t_r, reward, color="tab:blue", alpha=0.6, label=f"rollout reward (EM with format gate, sampled at T={temperature:g})")
     ax.plot(t_e, acc, "o-", color="tab:red", label="held-out accuracy (greedy, other world)")
     ax.axhline(before, color="grey", ls=":", label=f"held-out before RL ({before:.2f})")
     ax.axhline(after, color="tab:green", ls="--", label=f"held-out after RL ({after:.2f})")
