@@ -176,13 +176,18 @@ def _page_texts(corpus, topk: int) -> Any:
         yield "\n".join(f"[Doc {j + 1}] {doc.text}" for j, doc in enumerate(docs[k : k + topk]))
 
 
-def _expert_texts(tokenizer, records, built_tools, agent_cfg, cfg) -> list[str]:
-    """The texts of expert episodes on `records` through the real loop and tools (with `tokenizer`)."""
+def _expert_engine(tokenizer, records, cfg, *, seed: int) -> ScriptedEngine:
+    """The scripted expert (with the configured mistakes) for `records` as an engine the agent loop drives."""
     from asearch.demo.expert import WorldExpert, plan_from_record
 
+    plans = {r.question: plan_from_record(r.model_dump()) for r in records}
+    return ScriptedEngine(tokenizer, WorldExpert(plans, p_skip=cfg.p_skip, p_wrong=cfg.p_wrong, seed=seed))
+
+
+def _expert_texts(tokenizer, records, built_tools, agent_cfg, cfg) -> list[str]:
+    """The texts of expert episodes on `records` through the real loop and tools (with `tokenizer`)."""
     tools, closers = built_tools
-    engine = ScriptedEngine(tokenizer, WorldExpert({r.question: plan_from_record(r.model_dump()) for r in records},
-                                                   p_skip=cfg.p_skip, p_wrong=cfg.p_wrong, seed=cfg.seed))  # fmt: skip
+    engine = _expert_engine(tokenizer, records, cfg, seed=cfg.seed)
 
     async def go():
         return await asyncio.gather(*(run_episode(engine, tokenizer, tools, r.question, agent_cfg) for r in records))
@@ -269,15 +274,10 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
     log(f"[2/6] {cfg.tokenizer} tokenizer {len(tokenizer)} tokens ({unknown} of the held-out pages' tokens unknown); model {n_params:,} parameters")
 
     # ---- 3. expert trajectories through the real loop and tools, then SFT
-    from asearch.demo.expert import WorldExpert, plan_from_record
-
     built = [build_tools(tc, progress=False) for tc in train_tools_cfgs]  # (tools, closers) per world
     sft_worlds = [(recs, tools) for recs, (tools, _) in zip(per_world, built, strict=True)]
-    engines = [  # one expert per world: a question's text may recur in another world with another answer
-        ScriptedEngine(tokenizer, WorldExpert({r.question: plan_from_record(r.model_dump()) for r in recs},
-                                              p_skip=cfg.p_skip, p_wrong=cfg.p_wrong, seed=cfg.seed + 7919 * k))
-        for k, (recs, _) in enumerate(sft_worlds)
-    ]  # fmt: skip
+    # one expert per world: a question's text may recur in another world with another answer
+    engines = [_expert_engine(tokenizer, recs, cfg, seed=cfg.seed + 7919 * k) for k, (recs, _) in enumerate(sft_worlds)]
 
     async def expert_runs():
         sem = asyncio.Semaphore(64)

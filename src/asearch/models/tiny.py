@@ -49,7 +49,7 @@ def train_bpe_tokenizer(
     and the tokenizer carries a ChatML chat template so `apply_chat_template` works. Text is split as
     Qwen2 splits it (digits one by one), or with `whole_numbers` keeping each number whole for merging.
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import models, pre_tokenizers, trainers
 
     special_tokens = list(special_tokens)
     _check_specials(special_tokens)
@@ -62,16 +62,7 @@ def train_bpe_tokenizer(
 
     # Qwen2's pipeline (NFC, its split regex, byte-level, no post-processor). A saved directory reloads
     # from its tokenizer.json (`load_tokenizer`), not rebuilt by the model type's class.
-    split = WHOLE_NUMBERS_PRETOKENIZE_REGEX if whole_numbers else QWEN2_PRETOKENIZE_REGEX
-    tok = Tokenizer(models.BPE())
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
+    tok = _byte_level(models.BPE(), WHOLE_NUMBERS_PRETOKENIZE_REGEX if whole_numbers else QWEN2_PRETOKENIZE_REGEX)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
@@ -88,7 +79,7 @@ def train_bpe_tokenizer(
 
 # A word-level tokenizer's pieces: Qwen2's split with whole numbers and newlines apart. A word keeps the one
 # character before it (` Kota`, `>Kota`), so concatenating the pieces gives back the text exactly.
-WORD_PIECES_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|[^\r\n\p{L}\p{N}]?\p{N}+| ?[^\s\p{L}\p{N}]+|\s*[\r\n]+|\s+(?!\S)|\s+"""
+WORD_PIECES_REGEX = WHOLE_NUMBERS_PRETOKENIZE_REGEX.replace(r"[^\s\p{L}\p{N}]+[\r\n]*|", r"[^\s\p{L}\p{N}]+|")
 UNK = "<|unk|>"
 
 
@@ -107,19 +98,11 @@ def train_word_tokenizer(
     not seen maps to `<|unk|>`. Special tokens, eos, bos, pad and the chat template are those of
     `train_bpe_tokenizer`.
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import models, trainers
 
     special_tokens = [*special_tokens, *([UNK] if UNK not in special_tokens else [])]
     _check_specials(special_tokens)
-    tok = Tokenizer(models.WordLevel(unk_token=UNK))
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(WORD_PIECES_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
+    tok = _byte_level(models.WordLevel(unk_token=UNK), WORD_PIECES_REGEX)
     trainer = trainers.WordLevelTrainer(
         vocab_size=max_vocab, min_frequency=min_frequency, special_tokens=special_tokens, show_progress=False
     )
@@ -127,6 +110,23 @@ def train_word_tokenizer(
     hf = _wrap(tok, special_tokens, unk_token=UNK)
     log.info("trained word-level tokenizer: %d tokens (%d special)", len(hf), len(special_tokens))
     return hf
+
+
+def _byte_level(model, split_regex: str):
+    """A `tokenizers.Tokenizer` around `model`: NFC, split by `split_regex`, bytes mapped to printable
+    characters (every byte representable, decoding exact), no post-processor."""
+    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
+
+    tok = Tokenizer(model)
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(split_regex), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    return tok
 
 
 def _check_specials(special_tokens: Sequence[str]) -> None:

@@ -1,7 +1,8 @@
 """The policy update of one RL step: groups -> samples -> proximal log-probs -> minibatch PPO updates.
 
 Reads top to bottom in `PolicyTrainer.train_step`: recompute log pi_prox once (no grad; the first minibatch
-takes it from its own forward), then for each minibatch accumulate the decoupled PPO loss over token-budget micro-batches and take one AdamW step.
+takes it from its own forward), then for each minibatch accumulate the decoupled PPO loss over
+token-budget micro-batches and take one AdamW step.
 """
 
 from __future__ import annotations
