@@ -75,3 +75,21 @@ def test_dump_round_trip(tmp_path):
     cfg = load_config(Outer, None, ["inner.k1=2.0", "name=abc"])
     dump_config(cfg, tmp_path / "resolved.yaml")
     assert load_config(Outer, tmp_path / "resolved.yaml") == cfg
+
+
+class WithFactoryDefault(Config):
+    inner: Inner = Field(default_factory=lambda: Inner(k1=9.0))
+    nested: Outer = Field(default_factory=lambda: Outer(topk=3, inner=Inner(method="dense")))
+
+
+def test_a_partial_override_keeps_the_values_a_field_default_sets(tmp_path):
+    """`inner.method=dense` on a field whose default is Inner(k1=9.0) keeps k1=9.0 (it used to fall back to
+    Inner's class default 1.5), at any depth, from YAML as from overrides."""
+    cfg = load_config(WithFactoryDefault, None, ["inner.method=dense", "nested.inner.k1=2.0"])
+    assert cfg.inner == Inner(k1=9.0, method="dense")
+    assert cfg.nested.topk == 3 and cfg.nested.inner == Inner(k1=2.0, method="dense")
+    p = tmp_path / "c.yaml"
+    p.write_text("nested:\n  name: y\n")
+    cfg = load_config(WithFactoryDefault, p)
+    assert (cfg.nested.name, cfg.nested.topk, cfg.nested.inner.method) == ("y", 3, "dense")
+    assert cfg.inner == Inner(k1=9.0)  # untouched: the default

@@ -115,6 +115,18 @@ def test_hop_selection_and_remainder(world: WorldCorpus):
         generate_questions(world, 5, hops=(0,))
 
 
+def test_forward_walks_and_entity_answers_are_drawn_not_filtered_after(world: WorldCorpus, questions: list[WorldQuestion]):
+    """The restrictions redraw walks, so n questions come back, balanced over hops, all of the asked kind."""
+    assert any(k.startswith("~") for q in questions for k in q.path)  # unrestricted walks take inverse steps
+    assert any(q.path[-1] not in RELATIONS for q in questions)  # and end on attributes (years, occupations)
+    kept = generate_questions(world, 300, seed=1, forward_only=True, entity_answers=True)
+    assert len(kept) == 300 and Counter(q.hops for q in kept) == {1: 100, 2: 100, 3: 100}
+    assert all(not k.startswith("~") for q in kept for k in q.path)
+    assert all(q.path[-1] in RELATIONS and q.answer == q.evidence[-1].value for q in kept)  # a page's title
+    forward = generate_questions(world, 300, seed=1, forward_only=True)
+    assert any(q.path[-1] not in RELATIONS for q in forward)  # attribute answers stay without entity_answers
+
+
 def test_too_many_questions_for_a_small_world_is_an_error():
     tiny = WorldCorpus(seed=4, n_entities=100)
     with pytest.raises(ValueError, match="distinct 1-hop questions"):

@@ -52,9 +52,10 @@ def test_demo_writes_summary_plot_report_and_rl_run(tmp_path: Path, tokenizer: s
 
 
 def test_split_per_hop_takes_the_last_questions_of_each_hop_count() -> None:
-    from asearch.demo.pipeline import _split_per_hop, _world_records
+    from asearch.demo.pipeline import _split_per_hop
+    from asearch.demo.worlds import world_records
 
-    recs = _world_records(1, 300, 12, (1, 2, 3), "t", names=9)
+    recs = world_records(1, 300, 12, (1, 2, 3), "t", names=9)
     rest, last = _split_per_hop(recs, 1)
     assert [r.metadata["hops"] for r in last] == [1, 2, 3] and len(rest) == 9
     assert {r.question for r in rest}.isdisjoint({r.question for r in last}) and len({r.question for r in recs}) == 12
@@ -63,10 +64,10 @@ def test_split_per_hop_takes_the_last_questions_of_each_hop_count() -> None:
 
 def test_demo_worlds_can_share_one_name_pool() -> None:
     """`names=N`: the training and held-out questions point at worlds that draw names from world N."""
-    from asearch.demo.pipeline import _world_records
+    from asearch.demo.worlds import world_records
 
-    train = _world_records(1, 300, 9, (1, 2, 3), "t", names=9)
-    held = _world_records(128, 300, 9, (1, 2, 3), "h", names=9)
+    train = world_records(1, 300, 9, (1, 2, 3), "t", names=9)
+    held = world_records(128, 300, 9, (1, 2, 3), "h", names=9)
     assert {r.metadata["corpus"] for r in train} == {"world:seed=1,entities=300,names=9"}
     assert {r.metadata["corpus"] for r in held} == {"world:seed=128,entities=300,names=9"}
     assert len(train) == len(held) == 9
@@ -75,10 +76,10 @@ def test_demo_worlds_can_share_one_name_pool() -> None:
 def test_name_answers_keeps_only_questions_answered_by_an_entity() -> None:
     """`name_answers`: every question's last hop is a relation (its answer a page's title), hops stay balanced."""
     from asearch.corpus.world import RELATIONS
-    from asearch.demo.pipeline import _world_records
+    from asearch.demo.worlds import world_records
 
-    recs = _world_records(1, 600, 30, (1, 2, 3), "t", names=9, pages="facts", name_answers=True)
+    recs = world_records(1, 600, 30, (1, 2, 3), "t", names=9, pages="facts", name_answers=True)
     assert len(recs) == 30 and sorted({r.metadata["hops"] for r in recs}) == [1, 2, 3]
     assert all(r.metadata["path"][-1] in RELATIONS and not r.golds[0][:1].isdigit() for r in recs)
-    every = _world_records(1, 600, 30, (1, 2, 3), "t", names=9, pages="facts")
+    every = world_records(1, 600, 30, (1, 2, 3), "t", names=9, pages="facts")
     assert any(r.metadata["path"][-1] not in RELATIONS for r in every)  # attribute answers without it

@@ -108,3 +108,25 @@ def test_a_run_stopped_by_its_time_budget_checkpoints_its_last_step(
     assert 0 < steps < 100_000
     saved = [p.name for p in (out / "checkpoints").glob("step_*") if (p / "state.json").exists()]
     assert saved == [f"step_{steps}"]
+
+
+def test_held_out_evaluations_measure_one_version_each_and_overlap_training(
+    tiny_world_model_dir, train_command, subprocess_env, tmp_path
+) -> None:
+    """An evaluation of version v runs beside the next train step; the push of v+1 waits for it, so each
+    evaluation row names the one version it measured, logged before the step that replaces it."""
+    out = tmp_path / "run"
+    cmd = [*train_command(tiny_world_model_dir, out, 4), "heldout.dataset=world:seed=1,entities=200,n=6", "heldout.every_steps=1", "heldout.every_s=null"]
+    done = subprocess.run(cmd, env=subprocess_env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if "eval/heldout_acc" in r]
+    assert [r["step"] for r in evals] == [0, 1, 2, 3, 4]  # the start, after every step, and the final policy
+    order = [(r["step"], "eval" if "eval/heldout_acc" in r else "train") for r in rows]
+    for v in range(4):  # eval of v comes before the row of step v + 1 (trained while it ran)
+        assert order.index((v, "eval")) < order.index((v + 1, "train"))
+    steps = [r for r in rows if "perf/step_s" in r]
+    assert all(r["perf/eval_wait_s"] >= 0 and r["perf/weight_sync_s"] >= 0 for r in steps)
+    assert all(r["eval/seconds"] > 0 for r in evals)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["heldout_acc_final"] == evals[-1]["eval/heldout_acc"] and "heldout_acc_start" in summary

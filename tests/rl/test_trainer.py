@@ -51,6 +51,25 @@ def test_micro_batching_does_not_change_the_gradient(model_and_samples):
     assert torch.allclose(one, many, atol=1e-6, rtol=1e-4)
 
 
+def test_generated_only_logprobs_and_gradients_equal_the_full_head(model_and_samples):
+    """The LM head on the loss-mask positions alone gives the same log-probs there (0 elsewhere) and the same
+    gradient as the head over every position."""
+    model, samples = model_and_samples
+    m = copy.deepcopy(model)
+    mask = torch.zeros(len(samples), max(len(s.token_ids) for s in samples))
+    for r, s in enumerate(samples):
+        mask[r, : len(s.loss_mask)] = torch.tensor(s.loss_mask, dtype=torch.float32)
+    grads, logprobs = [], []
+    for generated_only in (False, True):
+        m.zero_grad()
+        lp = sequence_logprobs(m, samples, 0.7, generated_only=generated_only)
+        (lp * mask).sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]))
+        logprobs.append(lp.detach())
+    assert torch.allclose(logprobs[1], logprobs[0] * mask, atol=1e-5) and (logprobs[1][mask == 0] == 0).all()
+    assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4) and grads[1].abs().sum() > 0
+
+
 def test_update_raises_logprob_of_positive_advantage_tokens(model_and_samples):
     model, samples = model_and_samples
     m = copy.deepcopy(model)

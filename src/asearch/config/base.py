@@ -154,10 +154,28 @@ def load_config(
         source = str(path)
     overrides = list(overrides)
     apply_overrides(data, overrides)
+    data = _under_field_defaults(model, data)
     try:
         return model.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_explain(model, e, source, lines)) from None
+
+
+def _under_field_defaults(model: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
+    """Put the values a field's own default sets (e.g. `Field(default_factory=lambda: SFTConfig(steps=1500))`)
+    under a partial mapping given for it, recursively: `sft.bf16=false` changes bf16 and keeps steps=1500,
+    where validation alone would build SFTConfig(bf16=False) from the class defaults."""
+    out = dict(data)
+    for name, field in model.model_fields.items():
+        sub = out.get(name)
+        if not isinstance(sub, dict):
+            continue
+        default = field.get_default(call_default_factory=True)
+        if isinstance(default, BaseModel):
+            out[name] = _under_field_defaults(type(default), _deep_merge(default.model_dump(exclude_unset=True), sub))
+        elif isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            out[name] = _under_field_defaults(field.annotation, sub)
+    return out
 
 
 def _deep_merge(a: dict[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:

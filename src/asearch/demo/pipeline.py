@@ -19,14 +19,22 @@ from pydantic import Field
 from asearch.agent.loop import AgentConfig, run_episode
 from asearch.agent.runtime import ToolsConfig, build_tools
 from asearch.config import Config
+from asearch.demo.worlds import (
+    ExpertJob,
+    WorldJob,
+    expert_engine,
+    expert_episodes,
+    interleave,
+    prepare_world,
+    worker_pool,
+)
 from asearch.engine.inprocess import InProcessEngineConfig
-from asearch.engine.scripted import ScriptedEngine
 from asearch.files import write_jsonl
 from asearch.metrics.reward import RewardConfig
 from asearch.rl.controller import ControllerConfig
 from asearch.rl.loss import LossConfig
 from asearch.rl.run import HeldoutConfig, TrainConfig, heldout_accuracy, train
-from asearch.rl.sft import SFTConfig, sft, trajectories_to_samples
+from asearch.rl.sft import SFTConfig, sft
 from asearch.rl.trainer import OptimConfig, TrainerConfig
 from asearch.runs import RunDir
 
@@ -102,7 +110,7 @@ class DemoConfig(Config):
     p_wrong: float = Field(0.25, description="Expert copies a wrong name on one-hop questions.")
     sft: SFTConfig = Field(
         default_factory=lambda: SFTConfig(
-            steps=1500, batch_size=32, lr=3e-3, token_budget=2048, context_loss_weight=1.0, bf16=True
+            steps=1500, batch_size=32, lr=3e-3, token_budget=2048, context_loss_weight=1.0, bf16=False
         )
     )
     rl_seconds: float = Field(600.0, gt=0, description="RL wall-time budget (the target: 85% held-out within 10 minutes).")
@@ -122,31 +130,6 @@ class DemoConfig(Config):
         2, ge=1, description="torch threads for SFT and the before/after evaluations (nothing else runs then)."
     )
     max_turns: int = 8
-
-
-def _walkable(records: list[Any], name_answers: bool) -> list[Any]:
-    """Questions whose relation path only goes forward (no inverse step), which the expert can walk;
-    with `name_answers`, only those whose answer is an entity (a name), not an attribute value."""
-    from asearch.corpus.world import RELATIONS
-
-    def ok(path: list[str]) -> bool:
-        return not any(str(p).startswith("~") for p in path) and (not name_answers or path[-1] in RELATIONS)
-
-    return [r for r in records if ok(r.metadata["path"])]
-
-
-def _world_records(seed: int, entities: int, n: int, hops: tuple[int, ...], dataset: str, names: int | None = None, pages: str = "prose", name_answers: bool = False) -> list[Any]:
-    """`n` walkable questions of world `seed`, equally many per hop count."""
-    from asearch.eval.builtin import WorldSetSpec, world_questions
-
-    spec = WorldSetSpec(seed=seed, n=(6 if name_answers else 3) * n, hops=hops, entities=entities, names=names, pages=pages)
-    pool = _walkable(world_questions(spec, dataset=dataset), name_answers)
-    by_hops: dict[int, list[Any]] = {}
-    for r in pool:
-        by_hops.setdefault(r.metadata["hops"], []).append(r)
-    per = n // len(hops)
-    out = [r for h in hops for r in by_hops.get(h, [])[:per]]
-    return out
 
 
 def _split_per_hop(records: list[Any], per_hop: int) -> tuple[list[Any], list[Any]]:
@@ -176,18 +159,10 @@ def _page_texts(corpus, topk: int) -> Any:
         yield "\n".join(f"[Doc {j + 1}] {doc.text}" for j, doc in enumerate(docs[k : k + topk]))
 
 
-def _expert_engine(tokenizer, records, cfg, *, seed: int) -> ScriptedEngine:
-    """The scripted expert (with the configured mistakes) for `records` as an engine the agent loop drives."""
-    from asearch.demo.expert import WorldExpert, plan_from_record
-
-    plans = {r.question: plan_from_record(r.model_dump()) for r in records}
-    return ScriptedEngine(tokenizer, WorldExpert(plans, p_skip=cfg.p_skip, p_wrong=cfg.p_wrong, seed=seed))
-
-
 def _expert_texts(tokenizer, records, built_tools, agent_cfg, cfg) -> list[str]:
     """The texts of expert episodes on `records` through the real loop and tools (with `tokenizer`)."""
     tools, closers = built_tools
-    engine = _expert_engine(tokenizer, records, cfg, seed=cfg.seed)
+    engine = expert_engine(tokenizer, records, p_skip=cfg.p_skip, p_wrong=cfg.p_wrong, seed=cfg.seed)
 
     async def go():
         return await asyncio.gather(*(run_episode(engine, tokenizer, tools, r.question, agent_cfg) for r in records))
@@ -205,6 +180,7 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
     from asearch.models.tiny import build_tiny_model, save_tiny, train_bpe_tokenizer, train_word_tokenizer
 
     t_start = time.perf_counter()
+    log = _clocked(log, t_start)
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     out = cfg.out or Path("runs") / f"demo-seed{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -213,94 +189,95 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
     train_seed, heldout_seed = 2 * cfg.seed + 1, 2 * cfg.seed + 128  # disjoint name spaces (mod 256)
     # (the tokenizer's worlds, 2 * seed + 64 + 256k, are others again)
 
-    # ---- 1. worlds, questions, indexes
+    # ---- 1. worlds, questions, indexes (in `setup_threads` worker processes: worlds are independent)
     # training worlds 2s+1+256k never share a seed (mod 256, which picks own names) with the held-out world
     world = lambda seed, n: WorldCorpus(seed, n, names=cfg.names, pages=cfg.pages)  # noqa: E731
     train_seeds = [train_seed + 256 * k for k in range(cfg.train_worlds)]
+    tok_seeds = [2 * cfg.seed + 64 + 256 * k for k in range(cfg.tokenizer_worlds)]
     heldout_spec = world(heldout_seed, cfg.heldout_entities).name
     log(f"[1/6] worlds: {cfg.train_worlds} for training ({world(train_seed, cfg.world_entities).name}, ...), held-out {heldout_spec}")
-    per_world, rl_records = [], []
-    for seed in train_seeds:
-        recs = _world_records(seed, cfg.world_entities, cfg.train_questions + cfg.rl_questions, cfg.hops, "world-train", cfg.names, cfg.pages, cfg.name_answers)
-        sft_part, rl_part = _split_per_hop(recs, cfg.rl_questions // len(cfg.hops))
-        per_world.append(sft_part)
-        rl_records += rl_part
-    train_records = [r for recs in per_world for r in recs]
-    heldout_records = _world_records(heldout_seed, cfg.heldout_entities, cfg.heldout_questions, cfg.hops, "world-heldout", cfg.names, cfg.pages, cfg.name_answers)
-    data_dir = run.path / "data"
-    write_jsonl(data_dir / "train.jsonl", (r.to_jsonl_dict() for r in train_records))
-    write_jsonl(data_dir / "rl.jsonl", (r.to_jsonl_dict() for r in rl_records))
-    write_jsonl(data_dir / "heldout.jsonl", (r.to_jsonl_dict() for r in heldout_records))
-    write_jsonl(data_dir / "heldout_small.jsonl", (r.to_jsonl_dict() for r in heldout_records[:: max(1, len(heldout_records) // cfg.heldout_during_rl)][: cfg.heldout_during_rl]))
     # no access tool here, so urls would only cost tokens (a third of an expert episode, measured);
     # compact results keep every name after a space, so it is the same tokens wherever it appears
     search_cfg = {"topk": cfg.topk, "max_doc_chars": 400, "show_urls": False, "compact": True}
-    train_tools_cfgs = [ToolsConfig(corpus=world(seed, cfg.world_entities).name, search=search_cfg, access=None) for seed in train_seeds]
-    heldout_tools_cfg = ToolsConfig(corpus=heldout_spec, search=search_cfg, access=None)
-    heldout_tools, _ = build_tools(heldout_tools_cfg, progress=False)
-    log(f"      {len(train_records)} expert (SFT), {len(rl_records)} RL and {len(heldout_records)} held-out questions (hops {cfg.hops})")
+    tools_of = lambda name: ToolsConfig(corpus=name, search=search_cfg, access=None)  # noqa: E731
+    train_tools_cfgs = [tools_of(world(seed, cfg.world_entities).name) for seed in train_seeds]
+    heldout_tools_cfg = tools_of(heldout_spec)
+    job = lambda seed, entities, n, dataset, tools, name_answers=cfg.name_answers: WorldJob(  # noqa: E731
+        seed, entities, n, cfg.hops, dataset, cfg.names, cfg.pages, name_answers, tools
+    )
+    jobs = [job(seed, cfg.world_entities, cfg.train_questions + cfg.rl_questions, "world-train", tc) for seed, tc in zip(train_seeds, train_tools_cfgs, strict=True)]
+    jobs.append(job(heldout_seed, cfg.heldout_entities, cfg.heldout_questions, "world-heldout", heldout_tools_cfg))
+    jobs += [job(seed, cfg.world_entities, 300, "world-tokenizer", None, False) for seed in tok_seeds] if cfg.tokenizer == "bpe" else []
+    with worker_pool(cfg.setup_threads) as pmap:
+        t0 = time.perf_counter()
+        prepared = pmap(prepare_world, jobs)
+        per_world, rl_records = [], []
+        for recs in prepared[: len(train_seeds)]:
+            sft_part, rl_part = _split_per_hop(recs, cfg.rl_questions // len(cfg.hops))
+            per_world.append(sft_part)
+            rl_records += rl_part
+        train_records = [r for recs in per_world for r in recs]
+        heldout_records = prepared[len(train_seeds)]
+        data_dir = run.path / "data"
+        write_jsonl(data_dir / "train.jsonl", (r.to_jsonl_dict() for r in train_records))
+        write_jsonl(data_dir / "rl.jsonl", (r.to_jsonl_dict() for r in rl_records))
+        write_jsonl(data_dir / "heldout.jsonl", (r.to_jsonl_dict() for r in heldout_records))
+        write_jsonl(data_dir / "heldout_small.jsonl", (r.to_jsonl_dict() for r in heldout_records[:: max(1, len(heldout_records) // cfg.heldout_during_rl)][: cfg.heldout_during_rl]))
+        heldout_tools, _ = build_tools(heldout_tools_cfg, progress=False)
+        log(f"      {len(train_records)} expert (SFT), {len(rl_records)} RL and {len(heldout_records)} held-out questions (hops {cfg.hops}), indexes built, in {time.perf_counter() - t0:.0f}s")
 
-    # ---- 2. tokenizer and tiny model
-    agent_cfg = AgentConfig(style="search-r1", style_options=DEMO_STYLE, max_turns=cfg.max_turns, max_new_tokens=48, max_context_tokens=1024)
-    # The tokenizer learns from other worlds: fit on the training world, it gave that world's names whole
-    # tokens (2.8 tokens per name against 4.1 for held-out names, measured), so the copying the model learns
-    # on training names would not carry over to held-out ones. Both are equally foreign to other worlds.
-    # A larger vocabulary over more worlds makes name words whole tokens (2,000 tokens over 1 world: 28% of
-    # held-out name words; 6,000 over 3: 87%), but the model then learns every name's embedding from fewer
-    # occurrences: measured, the smaller one gives the better supervised start at equal steps.
-    if cfg.tokenizer == "word":  # the training worlds' own words (the shared name pool, the page keys) and
-        # the loop's exact texts: expert episodes through it with a byte tokenizer (no merges: nothing to fit)
-        byte_tok = train_bpe_tokenizer([], vocab_size=300)
-        texts = _expert_texts(byte_tok, per_world[0][:300], build_tools(train_tools_cfgs[0], progress=False), agent_cfg, cfg)
-        tokenizer = train_word_tokenizer(
-            itertools.chain(
-                texts,
-                itertools.chain.from_iterable(_page_texts(world(seed, cfg.world_entities), cfg.topk) for seed in train_seeds),
+        # ---- 2. tokenizer and tiny model
+        agent_cfg = AgentConfig(style="search-r1", style_options=DEMO_STYLE, max_turns=cfg.max_turns, max_new_tokens=48, max_context_tokens=1024)
+        # The tokenizer learns from other worlds: fit on the training world, it gave that world's names whole
+        # tokens (2.8 tokens per name against 4.1 for held-out names, measured), so the copying the model learns
+        # on training names would not carry over to held-out ones. Both are equally foreign to other worlds.
+        # A larger vocabulary over more worlds makes name words whole tokens (2,000 tokens over 1 world: 28% of
+        # held-out name words; 6,000 over 3: 87%), but the model then learns every name's embedding from fewer
+        # occurrences: measured, the smaller one gives the better supervised start at equal steps.
+        if cfg.tokenizer == "word":  # the training worlds' own words (the shared name pool, the page keys) and
+            # the loop's exact texts: expert episodes through it with a byte tokenizer (no merges: nothing to fit)
+            byte_tok = train_bpe_tokenizer([], vocab_size=300)
+            texts = _expert_texts(byte_tok, per_world[0][:300], build_tools(train_tools_cfgs[0], progress=False), agent_cfg, cfg)
+            tokenizer = train_word_tokenizer(
+                itertools.chain(
+                    texts,
+                    itertools.chain.from_iterable(_page_texts(world(seed, cfg.world_entities), cfg.topk) for seed in train_seeds),
+                )
             )
-        )
-    else:
-        tok_seeds = [2 * cfg.seed + 64 + 256 * k for k in range(cfg.tokenizer_worlds)]
-        tokenizer = train_bpe_tokenizer(
-            itertools.chain.from_iterable(
-                _tokenizer_texts(world(seed, cfg.world_entities), _world_records(seed, cfg.world_entities, 300, cfg.hops, "world-tokenizer", cfg.names, cfg.pages), cfg.topk)
-                for seed in tok_seeds
-            ),
-            vocab_size=cfg.vocab_size,
-            whole_numbers=cfg.whole_numbers,
-        )
-    model = build_tiny_model(tokenizer, hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads, max_positions=1024, seed=cfg.seed)
-    n_params = sum(p.numel() for p in model.parameters())
-    unknown = _unknown_words(tokenizer, world(heldout_seed, cfg.heldout_entities))
-    log(f"[2/6] {cfg.tokenizer} tokenizer {len(tokenizer)} tokens ({unknown} of the held-out pages' tokens unknown); model {n_params:,} parameters")
+        else:
+            tok_records = prepared[len(train_seeds) + 1 :]
+            tokenizer = train_bpe_tokenizer(
+                itertools.chain.from_iterable(
+                    _tokenizer_texts(world(seed, cfg.world_entities), recs, cfg.topk) for seed, recs in zip(tok_seeds, tok_records, strict=True)
+                ),
+                vocab_size=cfg.vocab_size,
+                whole_numbers=cfg.whole_numbers,
+            )
+        model = build_tiny_model(tokenizer, hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads, max_positions=1024, seed=cfg.seed)
+        n_params = sum(p.numel() for p in model.parameters())
+        unknown = _unknown_words(tokenizer, world(heldout_seed, cfg.heldout_entities))
+        log(f"[2/6] {cfg.tokenizer} tokenizer {len(tokenizer)} tokens ({unknown} of the held-out pages' tokens unknown); model {n_params:,} parameters")
 
-    # ---- 3. expert trajectories through the real loop and tools, then SFT
-    built = [build_tools(tc, progress=False) for tc in train_tools_cfgs]  # (tools, closers) per world
-    sft_worlds = [(recs, tools) for recs, (tools, _) in zip(per_world, built, strict=True)]
-    # one expert per world: a question's text may recur in another world with another answer
-    engines = [_expert_engine(tokenizer, recs, cfg, seed=cfg.seed + 7919 * k) for k, (recs, _) in enumerate(sft_worlds)]
-
-    async def expert_runs():
-        sem = asyncio.Semaphore(64)
-
-        async def one(i):
-            k = i % len(sft_worlds)  # episodes spread evenly over the worlds
-            recs, tools = sft_worlds[k]
-            async with sem:
-                r = recs[(i // len(sft_worlds)) % len(recs)]
-                return await run_episode(engines[k], tokenizer, tools, r.question, agent_cfg)
-
-        return await asyncio.gather(*(one(i) for i in range(cfg.expert_episodes)))
-
-    t0 = time.perf_counter()
-    expert_trajs = asyncio.run(expert_runs())
-    for close in (c for _, closers in built for c in closers):  # RL opens its own (corpus_from_data)
-        close()
-    samples = trajectories_to_samples(expert_trajs)
+        # ---- 3. expert trajectories through the real loop and tools (one expert per world: a question's text
+        # may recur in another world with another answer), then SFT
+        t0 = time.perf_counter()
+        W = len(per_world)
+        per_episode = interleave(pmap(expert_episodes, [
+            ExpertJob(recs, len(range(k, cfg.expert_episodes, W)), tc, tokenizer, agent_cfg, cfg.p_skip, cfg.p_wrong, cfg.seed + 7919 * k)
+            for k, (recs, tc) in enumerate(zip(per_world, train_tools_cfgs, strict=True))
+        ]))  # fmt: skip
+    samples = [s for episode in per_episode for s in episode]
     mean_len = sum(len(s.token_ids) for s in samples) / len(samples)
-    log(f"[3/6] {len(expert_trajs)} expert episodes on {len(sft_worlds)} world(s) in {time.perf_counter() - t0:.0f}s (mean {mean_len:.0f} tokens); SFT {cfg.sft.steps} steps")
+    setup_seconds = time.perf_counter() - t_start
+    log(f"[3/6] {len(per_episode)} expert episodes on {W} world(s) in {time.perf_counter() - t0:.0f}s (mean {mean_len:.0f} tokens); SFT {cfg.sft.steps} steps")
     t0 = time.perf_counter()
     torch.set_num_threads(cfg.setup_threads)
-    losses = sft(model, samples, cfg.sft.model_copy(update={"seed": cfg.seed}), on_step=lambda s, loss: log(f"      sft step {s + 1} loss {loss:.3f}") if (s + 1) % 50 == 0 else None)
+    def sft_progress(step: int, loss: float) -> None:
+        if (step + 1) % 50 == 0 or step + 1 == cfg.sft.steps:
+            per_step = (time.perf_counter() - t0) / (step + 1)
+            log(f"      sft step {step + 1}/{cfg.sft.steps} loss {loss:.3f} ({per_step:.2f}s/step, {_mmss(per_step * (cfg.sft.steps - step - 1))} left)")
+
+    losses = sft(model, samples, cfg.sft.model_copy(update={"seed": cfg.seed}), on_step=sft_progress)
     sft_seconds = time.perf_counter() - t0
     model_dir = run.path / "model-sft"
     save_tiny(model, tokenizer, model_dir)
@@ -335,6 +312,7 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
         "heldout_acc_after": after,
         "rl_wall_seconds": rl_summary["rl_wall_seconds"],
         "rl_steps": rl_summary["steps"],
+        "setup_seconds": setup_seconds,
         "sft_seconds": sft_seconds,
         "sft_final_loss": losses[-1],
         "wall_seconds": time.perf_counter() - t_start,
@@ -349,6 +327,15 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
     write_plot(rl_run.metrics(), run.path / "curve.png", before=before, after=after, temperature=cfg.temperature)
     write_report(run.path / "report.md", summary, cfg)
     return summary
+
+
+def _mmss(seconds: float) -> str:
+    return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
+
+
+def _clocked(log, t_start: float):
+    """`log` with the time since `t_start` in front of every line."""
+    return lambda msg: log(f"{_mmss(time.perf_counter() - t_start):>5} {msg}")
 
 
 def _heldout(model, tokenizer, tools, records, agent_cfg, cfg) -> float:

@@ -1,6 +1,7 @@
 """Built-in evaluation sets made on the fly: k-hop questions over a held-out world, and wiki10k look-ups.
 
-Specs: `world`, `world:hops=2`, `world:seed=1000,n=200,hops=1-3,entities=2000,qseed=0`, `wiki10k`,
+Specs: `world`, `world:hops=2`, `world:seed=1000,n=200,hops=1-3,entities=2000,qseed=0`,
+`world:forward=1,answers=entity` (walks without inverse steps, answered by a name), `wiki10k`,
 `wiki10k:n=200,seed=0`. Both are pure functions of their spec, so a spec names a fixed question set.
 """
 
@@ -55,6 +56,8 @@ class WorldSetSpec:
     qseed: int = 0  # question-sampling seed: another qseed gives another question set of the same world
     names: int | None = None  # draw names from world `names`'s pool (see WorldCorpus); None: its own
     pages: str = "prose"  # page style of the world the questions are about ("facts": `key value` pages)
+    forward: bool = False  # only walks without inverse steps (each hop reads its fact off the page it searched)
+    answers: str = "any"  # "entity": only questions answered by an entity's name (no years, numbers, occupations)
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,10 @@ def _hops(spec: str, raw: str) -> tuple[int, ...]:
 def parse_builtin_spec(spec: str) -> WorldSetSpec | Wiki10kSetSpec:
     """`world:seed=7,hops=2` -> WorldSetSpec(seed=7, hops=(2,)); unknown keys name the valid ones."""
     kind, _, rest = spec.partition(":")
-    valid = {"world": ("seed", "n", "hops", "entities", "qseed", "names", "pages"), "wiki10k": ("n", "seed")}
+    valid = {
+        "world": ("seed", "n", "hops", "entities", "qseed", "names", "pages", "forward", "answers"),
+        "wiki10k": ("n", "seed"),
+    }
     if kind not in valid:
         raise AsearchError(f"{spec!r} is not a built-in set (world[:...] or wiki10k[:...])")
     values: dict[str, Any] = {}
@@ -103,7 +109,16 @@ def parse_builtin_spec(spec: str) -> WorldSetSpec | Wiki10kSetSpec:
                 f"dataset {spec!r}: bad option {item!r}; {kind} takes key=value options among "
                 f"{', '.join(valid[kind])} (e.g. {kind}:n=100)"
             )
-        values[key] = _hops(spec, raw) if key == "hops" else raw if key == "pages" else _int(spec, key, raw)
+        if key == "answers" and raw not in ("any", "entity"):
+            raise AsearchError(f"dataset {spec!r}: answers={raw!r} must be 'any' or 'entity'")
+        if key == "forward" and raw not in ("0", "1"):
+            raise AsearchError(f"dataset {spec!r}: forward={raw!r} must be 0 or 1")
+        if key == "hops":
+            values[key] = _hops(spec, raw)
+        elif key in ("pages", "answers"):
+            values[key] = raw
+        else:
+            values[key] = bool(int(raw)) if key == "forward" else _int(spec, key, raw)
     if values.get("n", 1) < 1:
         raise AsearchError(f"dataset {spec!r}: n must be >= 1")
     return WorldSetSpec(**values) if kind == "world" else Wiki10kSetSpec(**values)
@@ -138,7 +153,9 @@ def world_questions(spec: WorldSetSpec = WorldSetSpec(), *, dataset: str = "worl
     except ConfigError as e:
         raise AsearchError(f"dataset {dataset!r}: {e}") from None
     try:
-        questions = generate_questions(world, spec.n, hops=spec.hops, seed=spec.qseed)
+        questions = generate_questions(
+            world, spec.n, hops=spec.hops, seed=spec.qseed, forward_only=spec.forward, entity_answers=spec.answers == "entity"
+        )
     except ValueError as e:
         raise AsearchError(f"dataset {dataset!r}: {e}") from None
     records = []

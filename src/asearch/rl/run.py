@@ -1,8 +1,9 @@
 """One RL training run: setup -> the asynchronous loop -> summary, resumable from its checkpoints.
 
 The loop, per step: wait for B fresh groups (generation keeps going meanwhile) -> advantages ->
-policy update (in a worker thread: the event loop keeps driving episodes) -> push weights to the
-engine (in-flight requests resume under them) -> bump the version -> log, evaluate, checkpoint.
+policy update (in a worker thread: the event loop keeps driving episodes, and a held-out evaluation
+of the current weights if one is running) -> push weights to the engine once that evaluation is done
+(in-flight requests resume under them) -> bump the version -> log, checkpoint, start an evaluation.
 
 The engine is in-process by default; with `rollout_servers` it is a pool of rollout servers (given by
 URL, or started by `launcher=local` / `launcher=ray`) that load each version from RUN/weights/vN. With
@@ -338,17 +339,22 @@ async def train(cfg: TrainConfig, *, run: RunDir, log=print, model=None, tokeniz
     def rl_wall() -> float:
         return rl_wall_before + time.perf_counter() - t_start
 
-    async def evaluate_heldout() -> float:
+    async def evaluate_heldout(at_version: int) -> None:
+        """Greedy accuracy of policy `at_version`, logged as its own row. It runs beside the next train step
+        (the engine keeps this version until it is done: the next weight push waits for it)."""
+        t_eval, wall = time.perf_counter(), rl_wall()
         acc, _ = await heldout_accuracy(
             engine, tokenizer, heldout_tools, heldout, cfg.agent, cfg.reward, cfg.heldout.concurrency
         )
-        return acc
+        run.log(at_version, {"eval/heldout_acc": acc, "eval/seconds": time.perf_counter() - t_eval, "perf/rl_wall_s": wall})
+        if at_version == 0:
+            summary["heldout_acc_start"] = acc
+        log(f"held-out accuracy {acc:.3f} at version {at_version} ({time.perf_counter() - t_eval:.1f}s)")
 
+    pending_eval: asyncio.Task | None = None
     try:
         if heldout and start_step == 0:
-            acc = await evaluate_heldout()
-            run.log(step, {"eval/heldout_acc": acc, "perf/rl_wall_s": rl_wall()})
-            summary["heldout_acc_start"] = acc
+            pending_eval = asyncio.create_task(evaluate_heldout(version))
             last_eval_t = time.perf_counter()
         while step < cfg.steps and (cfg.max_rl_seconds is None or rl_wall() < cfg.max_rl_seconds):
             t0 = time.perf_counter()
@@ -366,6 +372,10 @@ async def train(cfg: TrainConfig, *, run: RunDir, log=print, model=None, tokeniz
             samples, _ = groups_to_samples([g.rewards for g in batch], [g.trajectories for g in batch], cfg.trainer.advantages)
             stats = await asyncio.to_thread(trainer.train_step, samples, policy_version=version)
             t2 = time.perf_counter()
+            if pending_eval is not None:  # it measures the engine's current weights: push after it
+                await pending_eval
+                pending_eval = None
+            t_eval_wait = time.perf_counter() - t2
             version += 1
             await push_weights(engine, trainer, tokenizer, version, run.path, cfg.servers)
             controller.set_version(version)
@@ -375,22 +385,15 @@ async def train(cfg: TrainConfig, *, run: RunDir, log=print, model=None, tokeniz
             # web tools: cache hit rate and costs so far, and this step's spending (then restarted at 0)
             metrics = {**stats, **_rollout_metrics(batch, version - 1, controller), **web_metrics(tools, end_step=True)}
             metrics.update({
-                "perf/rollout_wait_s": t1 - t0, "perf/train_s": t2 - t1, "perf/weight_sync_s": t3 - t2,
-                "perf/step_s": t3 - t0, "perf/rl_wall_s": rl_wall(),
+                "perf/rollout_wait_s": t1 - t0, "perf/train_s": t2 - t1, "perf/eval_wait_s": t_eval_wait,
+                "perf/weight_sync_s": t3 - t2 - t_eval_wait, "perf/step_s": t3 - t0, "perf/rl_wall_s": rl_wall(),
                 "perf/generator_idle_frac": controller.idle_fraction(),
                 "perf/trajectories_per_s": B * n / max(t3 - t0, 1e-9),
             })  # fmt: skip
-            due = (cfg.heldout.every_s and time.perf_counter() - last_eval_t >= cfg.heldout.every_s) or (
-                cfg.heldout.every_steps and step % cfg.heldout.every_steps == 0
-            )
-            if heldout and (due or step == cfg.steps):
-                metrics["eval/heldout_acc"] = await evaluate_heldout()
-                last_eval_t = time.perf_counter()
             run.log(step, metrics)
             log(
                 f"step {step:4d}  reward {metrics['rollout/reward_mean']:+.3f}  acc {metrics['rollout/accuracy']:.3f}"
-                + (f"  heldout {metrics['eval/heldout_acc']:.3f}" if "eval/heldout_acc" in metrics else "")
-                + f"  turns {metrics['rollout/turns_mean']:.1f}  stale<= {metrics['rollout/staleness_max']:.0f}"
+                f"  turns {metrics['rollout/turns_mean']:.1f}  stale<= {metrics['rollout/staleness_max']:.0f}"
                 f"  {metrics['perf/step_s']:.1f}s/step  idle {metrics['perf/generator_idle_frac']:.2f}"
             )
             if step % cfg.log_trajectories_every == 0:
@@ -400,7 +403,19 @@ async def train(cfg: TrainConfig, *, run: RunDir, log=print, model=None, tokeniz
             if step % cfg.checkpoint_every == 0 or step == cfg.steps or out_of_time:  # the last step is kept
                 state = {"step": step, "rl_wall_s": rl_wall(), "controller": controller.state_dict()}
                 save_checkpoint(run.path, step, trainer, state, cfg.keep_checkpoints)
+            due = (cfg.heldout.every_s and time.perf_counter() - last_eval_t >= cfg.heldout.every_s) or (
+                cfg.heldout.every_steps and step % cfg.heldout.every_steps == 0
+            )
+            if heldout and (due or step == cfg.steps or out_of_time):
+                pending_eval = asyncio.create_task(evaluate_heldout(version))
+                last_eval_t = time.perf_counter()
+        if pending_eval is not None:  # the last version's: nothing waits on it any more
+            await pending_eval
+            pending_eval = None
     finally:
+        if pending_eval is not None:
+            pending_eval.cancel()
+            await asyncio.gather(pending_eval, return_exceptions=True)
         await controller.close()
         if isinstance(engine, EnginePool):
             summary["rollout_servers"] = engine.stats()

@@ -66,7 +66,7 @@ def sft(model: Any, samples: Sequence[Sample], cfg: SFTConfig, *, on_step: Calla
         for micro in micro_batches(batch, cfg.token_budget):
             rows = [batch[i] for i in micro]
             with torch.autocast(device, dtype=torch.bfloat16, enabled=cfg.bf16):
-                lp = sequence_logprobs(model, rows, temperature=1.0).float()
+                lp = sequence_logprobs(model, rows, temperature=1.0, generated_only=not w_ctx).float()
             mask = torch.zeros_like(lp)
             for r, s in enumerate(rows):
                 m = torch.tensor(s.loss_mask, dtype=lp.dtype)

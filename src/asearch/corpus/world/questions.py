@@ -252,17 +252,26 @@ def follow_path(graph: KnowledgeGraph, start: str, path: Sequence[str]) -> list[
 
 # --------------------------------------------------------------------------- generation
 def generate_questions(
-    world: WorldCorpus, n: int, hops: Iterable[int] = (1, 2, 3), seed: int = 0
+    world: WorldCorpus,
+    n: int,
+    hops: Iterable[int] = (1, 2, 3),
+    seed: int = 0,
+    *,
+    forward_only: bool = False,
+    entity_answers: bool = False,
 ) -> list[WorldQuestion]:
     """`n` questions split evenly over `hops` (earlier hop counts take the remainder), shuffled.
 
+    `forward_only`: no inverse step (every hop reads a fact off the page of the entity it starts from);
+    `entity_answers`: the answer is an entity (a name), not an attribute value such as a year. Walks that
+    fail these are redrawn, so asking for them costs no more than asking for any question.
     Raises ValueError when the world is too small to yield that many distinct questions.
     """
     hop_counts = sorted(set(hops))
     if n < 0 or not hop_counts or any(h < 1 for h in hop_counts):
         raise ValueError(f"need n >= 0 and hop counts >= 1, got n={n}, hops={hop_counts}")
     rng = random.Random(f"asearch-world-questions/{world.seed}/{seed}")
-    maker = _QuestionMaker(world, rng)
+    maker = _QuestionMaker(world, rng, forward_only=forward_only, entity_answers=entity_answers)
     made: list[WorldQuestion] = []
     for i, k in enumerate(hop_counts):
         want = n // len(hop_counts) + (1 if i < n % len(hop_counts) else 0)
@@ -280,8 +289,9 @@ def generate_questions(
 
 
 class _QuestionMaker:
-    def __init__(self, world: WorldCorpus, rng: random.Random):
+    def __init__(self, world: WorldCorpus, rng: random.Random, *, forward_only: bool = False, entity_answers: bool = False):
         self.world, self.graph, self.rng = world, world.graph, rng
+        self.forward_only, self.entity_answers = forward_only, entity_answers
         self.seen: set[tuple[str, tuple[str, ...]]] = set()  # (subject name, path) already asked
         self.final_counts: Counter[tuple[str, str]] = Counter()
         self.start_types = [t for t in (*FINAL_ATTRIBUTES, "country") if self.graph.entities(t)]
@@ -314,6 +324,10 @@ class _QuestionMaker:
         start = self.rng.choice(self.graph.entities(start_type)).id
         chain = self._walk(start, hops)
         if chain is None or (self.graph.get(start).name, tuple(h.key for h in chain)) in self.seen:
+            return None
+        if self.forward_only and any(h.key.startswith("~") for h in chain):
+            return None
+        if self.entity_answers and chain[-1].key not in RELATIONS:
             return None
         return self._question(start, chain)
 

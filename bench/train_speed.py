@@ -1,13 +1,14 @@
-"""Training speed against the micro-batch token budget, on the CPU demo's own samples.
+"""Training speed on the CPU demo's own samples: micro-batch token budget, precision, and the LM head.
 
-A step's samples are sorted by length and cut into micro-batches of at most `token_budget` padded tokens
-(rows x longest). A large budget puts a whole batch in one micro-batch padded to its longest episode;
-the demo's episodes run from ~60 to ~300 tokens, so about half of it is padding. Measured here: seconds
-per SFT step (32 expert episodes, bf16 autocast) and per RL `train_step` (64 samples, float32, prox
-recomputed), each budget beside the former default in the same run. Table to stdout and
-bench/results/token_budget.md.
+1. Token budget. A step's samples are sorted by length and cut into micro-batches of at most `token_budget`
+   padded tokens (rows x longest). A large budget puts a whole batch in one micro-batch padded to its
+   longest episode; the demo's episodes run from ~60 to ~300 tokens, so about half of it is padding.
+2. Precision. SFT under bfloat16 autocast against float32, at the demo's budget.
+3. The LM head. An RL step's loss needs log-probs of the generated tokens only (a fifth of the positions);
+   `sequence_logprobs(..., generated_only=True)` applies the head and softmax there alone.
+Each is timed beside its baseline in the same run. Table to stdout and bench/results/train_speed.md.
 
-    .venv/bin/python bench/token_budget.py                # 2 threads, 12 SFT and 4 RL steps per budget
+    .venv/bin/python bench/train_speed.py                 # 2 threads, 12 SFT and 4 RL steps per setting
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 
 from asearch.files import atomic_write_text
 
-RESULTS = Path(__file__).parent / "results" / "token_budget.md"
+RESULTS = Path(__file__).parent / "results" / "train_speed.md"
 
 
 def demo_samples(n_questions: int):
@@ -30,13 +31,14 @@ def demo_samples(n_questions: int):
     from asearch.agent.runtime import ToolsConfig, build_tools
     from asearch.corpus.world import WorldCorpus
     from asearch.demo.expert import WorldExpert, plan_from_record
-    from asearch.demo.pipeline import DEMO_STYLE, _tokenizer_texts, _world_records
+    from asearch.demo.pipeline import DEMO_STYLE, _tokenizer_texts
+    from asearch.demo.worlds import world_records
     from asearch.engine.scripted import ScriptedEngine
     from asearch.models.tiny import build_tiny_model, train_bpe_tokenizer
     from asearch.rl.sft import trajectories_to_samples
 
     world = WorldCorpus(1, 1000, names=255, pages="facts")
-    records = _world_records(1, 1000, n_questions, (1, 2, 3), "bench", 255, "facts")
+    records = world_records(1, 1000, n_questions, (1, 2, 3), "bench", 255, "facts", name_answers=True)
     tokenizer = train_bpe_tokenizer(_tokenizer_texts(world, records, 2), vocab_size=2000)
     tools, closers = build_tools(
         ToolsConfig(corpus=world.name, search={"topk": 2, "show_urls": False, "compact": True}, access=None), progress=False
@@ -54,10 +56,10 @@ def demo_samples(n_questions: int):
     return samples, lambda: build_tiny_model(tokenizer, seed=0)
 
 
-def time_sft(new_model, samples, budget: int, steps: int) -> float:
+def time_sft(new_model, samples, budget: int, steps: int, bf16: bool = False) -> float:
     from asearch.rl.sft import SFTConfig, sft
 
-    cfg = SFTConfig(steps=steps, batch_size=32, token_budget=budget, context_loss_weight=1.0, bf16=True)
+    cfg = SFTConfig(steps=steps, batch_size=32, token_budget=budget, context_loss_weight=1.0, bf16=bf16)
     model = new_model()
     sft(model, samples[:64], cfg.model_copy(update={"steps": 1}))  # warm-up
     t0 = time.perf_counter()
@@ -77,6 +79,20 @@ def time_rl(new_model, samples, budget: int, steps: int) -> float:
     return (time.perf_counter() - t0) / steps
 
 
+def time_logprobs(new_model, samples, generated_only: bool, steps: int) -> float:
+    """Forward and backward of the policy log-probs of 64-sample steps (the demo's RL budget of 4,096)."""
+    from asearch.rl.trainer import micro_batches, sequence_logprobs
+
+    model = new_model().train()
+    t0 = time.perf_counter()
+    for k in range(steps):
+        rows = samples[64 * k : 64 * (k + 1)]
+        for mb in micro_batches(rows, 4096):
+            batch = [rows[i] for i in mb]
+            sequence_logprobs(model, batch, 0.7, generated_only=generated_only).sum().backward()
+    return (time.perf_counter() - t0) / steps
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
@@ -92,24 +108,36 @@ def main() -> None:
     sft_base = time_sft(new_model, samples, 8192, args.sft_steps)
     for budget in (16384, 8192, 4096, 2048, 1024):
         t = sft_base if budget == 8192 else time_sft(new_model, samples, budget, args.sft_steps)
-        rows.append(("SFT step (32 episodes, bf16)", budget, t, sft_base / t))
+        rows.append(("SFT step (32 episodes)", budget, t, sft_base / t))
         print(f"sft  budget {budget:6d}: {t:.3f} s/step  x{sft_base / t:.2f} vs 8192", flush=True)
+    bf16 = time_sft(new_model, samples, 2048, args.sft_steps, bf16=True)
+    fp32 = time_sft(new_model, samples, 2048, args.sft_steps)
+    rows.append(("SFT step, bf16 autocast (baseline: float32 below)", 2048, bf16, 1.0))
+    rows.append(("SFT step, float32", 2048, fp32, bf16 / fp32))
+    print(f"sft  float32 {fp32:.3f} s/step against bf16 {bf16:.3f}: x{bf16 / fp32:.2f}", flush=True)
+    every = time_logprobs(new_model, samples, False, args.rl_steps * 2)
+    generated = time_logprobs(new_model, samples, True, args.rl_steps * 2)
+    rows.append(("RL log-probs fwd+bwd, head on every position (baseline)", 4096, every, 1.0))
+    rows.append(("RL log-probs fwd+bwd, head on generated tokens", 4096, generated, every / generated))
+    print(f"rl   head on generated tokens {generated:.3f} s/step against every position {every:.3f}: x{every / generated:.2f}", flush=True)
     rl_base = time_rl(new_model, samples, 16384, args.rl_steps)
     for budget in (16384, 4096, 2048):
         t = rl_base if budget == 16384 else time_rl(new_model, samples, budget, args.rl_steps)
         rows.append(("RL train_step (64 samples)", budget, t, rl_base / t))
         print(f"rl   budget {budget:6d}: {t:.3f} s/step  x{rl_base / t:.2f} vs 16384", flush=True)
 
-    table = ["| what | token budget | s/step | speed vs former default |", "|---|---|---|---|"]
+    table = ["| what | token budget | s/step | speed vs its baseline |", "|---|---|---|---|"]
     table += [f"| {w} | {b} | {t:.3f} | {r:.2f}x |" for w, b, t, r in rows]
     text = (
-        f"# Token budget ({args.threads} threads)\n\n{len(samples)} demo expert episodes, "
+        f"# Training speed ({args.threads} threads)\n\n{len(samples)} demo expert episodes, "
         f"tokens min/median/max {lengths[0]}/{lengths[len(lengths) // 2]}/{lengths[-1]}.\n\n" + "\n".join(table) + "\n"
     )
     atomic_write_text(RESULTS, text)
     print("\n".join(table))
-    best_sft = max((r for r in rows if r[0].startswith("SFT")), key=lambda r: r[3])
+    best_sft = max((r for r in rows if r[0] == "SFT step (32 episodes)"), key=lambda r: r[3])
     print(f"sft speed ratio (budget {best_sft[1]} / 8192): {best_sft[3]:.2f}")
+    print(f"sft float32/bf16 speed ratio: {bf16 / fp32:.2f}")
+    print(f"rl generated-only/full head speed ratio: {every / generated:.2f}")
 
 
 if __name__ == "__main__":

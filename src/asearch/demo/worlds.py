@@ -1,0 +1,142 @@
+"""The demo's set-up work, spread over worker processes: each world's questions and search index, and
+the scripted expert's episodes on each training world (token-exact, through the real loop and tools).
+
+Each job is a pure function of its arguments, so the result does not depend on how many workers ran it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import os
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from asearch.agent.loop import AgentConfig, run_episode
+from asearch.agent.runtime import ToolsConfig, build_tools, ensure_index
+from asearch.engine.scripted import ScriptedEngine
+from asearch.eval.datasets import QARecord
+from asearch.rl.sft import trajectories_to_samples
+from asearch.rl.trainer import Sample
+
+J = TypeVar("J")
+R = TypeVar("R")
+Mapper = Callable[[Callable[[J], R], Sequence[J]], list[R]]
+
+
+def _init_worker() -> None:
+    # two workers on two cores: neither may start thread pools of its own
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+@contextlib.contextmanager
+def worker_pool(workers: int) -> Iterator[Mapper]:
+    """A `map(fn, jobs) -> results in order` over `workers` processes (in this process when 1)."""
+    if workers <= 1:
+        yield lambda fn, jobs: [fn(j) for j in jobs]
+        return
+    # spawn, not fork: the parent has torch loaded, and a forked OpenMP runtime can hang
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker) as pool:
+        yield lambda fn, jobs: list(pool.map(fn, jobs))
+
+
+# ---------------------------------------------------------------------------- questions and indexes
+
+
+def world_records(
+    seed: int, entities: int, n: int, hops: tuple[int, ...], dataset: str, names: int | None = None,
+    pages: str = "prose", name_answers: bool = False,
+) -> list[QARecord]:  # fmt: skip
+    """`n` questions of world `seed` whose hops only go forward (the expert walks them page by page), split
+    evenly over `hops` and ordered by hop count; with `name_answers`, only those answered by an entity."""
+    from asearch.eval.builtin import WorldSetSpec, world_questions
+
+    spec = WorldSetSpec(
+        seed=seed, n=n, hops=hops, entities=entities, names=names, pages=pages, forward=True,
+        answers="entity" if name_answers else "any",
+    )  # fmt: skip
+    records = world_questions(spec, dataset=dataset)
+    return [r for h in hops for r in records if r.metadata["hops"] == h]
+
+
+@dataclass(frozen=True)
+class WorldJob:
+    """Questions of one world (the arguments of `world_records`), and its index built into the cache."""
+
+    seed: int
+    entities: int
+    n: int
+    hops: tuple[int, ...]
+    dataset: str
+    names: int | None
+    pages: str
+    name_answers: bool
+    tools: ToolsConfig | None  # build the index these tools search (None: questions only)
+
+
+def prepare_world(job: WorldJob) -> list[QARecord]:
+    records = world_records(job.seed, job.entities, job.n, job.hops, job.dataset, job.names, job.pages, job.name_answers)
+    if job.tools is not None:
+        ensure_index(job.tools.corpus or "", job.tools.build, progress=False)
+    return records
+
+
+# ---------------------------------------------------------------------------- expert episodes
+
+
+@dataclass(frozen=True)
+class ExpertJob:
+    """`episodes` expert episodes on one world: the j-th asks `records[j % len(records)]`."""
+
+    records: list[QARecord]
+    episodes: int
+    tools: ToolsConfig
+    tokenizer: Any
+    agent: AgentConfig
+    p_skip: float
+    p_wrong: float
+    seed: int  # the expert's own: its choices depend on (seed, prompt) only
+
+
+def expert_engine(tokenizer: Any, records: Sequence[QARecord], *, p_skip: float, p_wrong: float, seed: int) -> ScriptedEngine:
+    """The scripted expert (with its deliberate mistakes) for `records`, as an engine the agent loop drives."""
+    from asearch.demo.expert import WorldExpert, plan_from_record
+
+    plans = {r.question: plan_from_record(r.model_dump()) for r in records}
+    return ScriptedEngine(tokenizer, WorldExpert(plans, p_skip=p_skip, p_wrong=p_wrong, seed=seed))
+
+
+def expert_episodes(job: ExpertJob) -> list[list[Sample]]:
+    """Per episode, its training samples (one per segment with generated tokens), in episode order."""
+    tools, closers = build_tools(job.tools, progress=False)
+    engine = expert_engine(job.tokenizer, job.records, p_skip=job.p_skip, p_wrong=job.p_wrong, seed=job.seed)
+
+    async def go():
+        sem = asyncio.Semaphore(64)
+
+        async def one(j: int):
+            async with sem:
+                question = job.records[j % len(job.records)].question
+                return await run_episode(engine, job.tokenizer, tools, question, job.agent)
+
+        return await asyncio.gather(*(one(j) for j in range(job.episodes)))
+
+    try:
+        trajectories = asyncio.run(go())
+    finally:
+        for close in closers:
+            close()
+    return [trajectories_to_samples([t]) for t in trajectories]
+
+
+def interleave(per_world: Sequence[Sequence[R]]) -> list[R]:
+    """Episode i of the whole run is episode i // W of world i % W (W worlds): the worlds take turns."""
+    out: list[R] = []
+    for j in range(max((len(x) for x in per_world), default=0)):
+        out += [x[j] for x in per_world if j < len(x)]
+    return out

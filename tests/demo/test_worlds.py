@@ -1,0 +1,42 @@
+"""The demo's set-up jobs: the same questions, indexes and expert samples in worker processes as in this one."""
+
+from __future__ import annotations
+
+import pytest
+
+from asearch.agent.loop import AgentConfig
+from asearch.agent.runtime import ToolsConfig
+from asearch.demo.worlds import ExpertJob, WorldJob, expert_episodes, interleave, prepare_world, worker_pool
+
+pytest.importorskip("torch")
+
+
+def test_interleave_lets_the_worlds_take_turns() -> None:
+    assert interleave([[1, 4, 7], [2, 5], [3, 6]]) == [1, 2, 3, 4, 5, 6, 7]
+    assert interleave([]) == []
+
+
+def test_two_worker_processes_give_what_one_process_gives(tmp_path, monkeypatch) -> None:
+    from asearch.demo.pipeline import DEMO_STYLE
+    from asearch.models.tiny import train_bpe_tokenizer
+
+    monkeypatch.setenv("ASEARCH_CACHE", str(tmp_path / "cache"))  # workers inherit it: fresh indexes
+    tools = [ToolsConfig(corpus=f"world:seed={s},entities=150,names=9,pages=facts", search={"topk": 2, "compact": True, "show_urls": False}, access=None) for s in (1, 257)]
+    jobs = [WorldJob(s, 150, 12, (1, 2, 3), "t", 9, "facts", True, tc) for s, tc in zip((1, 257), tools, strict=True)]
+    with worker_pool(1) as one:
+        records = one(prepare_world, jobs)
+    assert [len(r) for r in records] == [12, 12] and sorted({r.metadata["hops"] for r in records[0]}) == [1, 2, 3]
+    assert len(list((tmp_path / "cache" / "indexes").iterdir())) == 2  # both indexes built into the cache
+    tok = train_bpe_tokenizer((r.question for rs in records for r in rs), vocab_size=300)
+    agent = AgentConfig(style="search-r1", style_options=DEMO_STYLE, max_turns=4, max_new_tokens=48, max_context_tokens=1024)
+    experts = [ExpertJob(rs, 15, tc, tok, agent, 0.5, 0.25, 7 + k) for k, (rs, tc) in enumerate(zip(records, tools, strict=True))]
+    with worker_pool(2) as two:
+        assert [[r.question for r in rs] for rs in two(prepare_world, jobs)] == [[r.question for r in rs] for rs in records]
+        in_workers = two(expert_episodes, experts)
+    with worker_pool(1) as one:
+        here = one(expert_episodes, experts)
+    assert [len(e) for e in here] == [15, 15]
+    flat = lambda runs: [(s.token_ids, s.loss_mask) for world in runs for ep in world for s in ep]  # noqa: E731
+    assert flat(in_workers) == flat(here) and all(sum(m) for _, m in flat(here))
+    searched = [tok.decode(s.token_ids) for ep in here[0] for s in ep]
+    assert all("<search>" in t and "<answer>" in t for t in searched)  # the expert searched, then answered
