@@ -14,21 +14,27 @@ pytest.importorskip("torch")
 pytest.importorskip("matplotlib")
 
 
+TOY = [
+    "world_entities=150", "heldout_entities=150", "train_questions=30", "rl_questions=6", "heldout_questions=9",
+    "heldout_during_rl=3", "expert_episodes=30", "vocab_size=400", "hidden=32", "layers=1", "heads=2",
+    "sft.steps=3", "sft.batch_size=4", "train_worlds=2", "rl_seconds=15", "rl_steps=2", "eval_every_s=1", "setup_threads=1",
+    "rollout.batch_size=1", "rollout.group_size=2", "rollout.max_concurrent=2", "max_turns=3",
+    "rollout.drop_zero_variance=false",  # an untrained toy model earns 0 everywhere: keep its groups
+]  # fmt: skip
+
+
+def _demo(out: Path, *overrides: str, seed: int = 3) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "asearch", "demo", "--seed", str(seed), "--out", str(out), *TOY, *overrides],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("tokenizer", ["bpe", "word"])
 def test_demo_writes_summary_plot_report_and_rl_run(tmp_path: Path, tokenizer: str) -> None:
     out = tmp_path / "demo"
-    toy = [
-        f"tokenizer={tokenizer}", "world_entities=150", "heldout_entities=150", "train_questions=30", "rl_questions=6", "heldout_questions=9",
-        "heldout_during_rl=3", "expert_episodes=30", "vocab_size=400", "hidden=32", "layers=1", "heads=2",
-        "sft.steps=3", "sft.batch_size=4", "train_worlds=2", "rl_seconds=15", "rl_steps=2", "eval_every_s=1", "setup_threads=1",
-        "rollout.batch_size=1", "rollout.group_size=2", "rollout.max_concurrent=2", "max_turns=3",
-        "rollout.drop_zero_variance=false",  # an untrained toy model earns 0 everywhere: keep its groups
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "asearch", "demo", "--seed", "3", "--out", str(out), *toy],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    done = _demo(out, f"tokenizer={tokenizer}")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     for key in ("seed", "heldout_acc_before", "heldout_acc_after", "rl_wall_seconds", "wall_seconds"):
@@ -49,6 +55,28 @@ def test_demo_writes_summary_plot_report_and_rl_run(tmp_path: Path, tokenizer: s
     asked = lambda qs: {(q["metadata"]["corpus"], q["question"]) for q in qs}  # noqa: E731
     assert len(rl) == 2 * 6 and not asked(rl) & asked(train)
     assert f"{tokenizer} tokenizer" in done.stdout + done.stderr
+
+
+def test_an_interrupted_demo_resumes_from_its_supervised_start(tmp_path: Path) -> None:
+    """A run killed during RL keeps its supervised start: the same command skips worlds, expert and SFT, and RL
+    resumes from its checkpoint. Other settings on that directory are refused; a finished run is not redone."""
+    out = tmp_path / "demo"
+    first = _demo(out, "setup_threads=2")  # the set-up in two worker processes
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
+    sft_state = json.loads((out / "model-sft" / "sft.json").read_text())
+    assert {"setup_seconds", "sft_seconds", "heldout_acc_before"} <= set(sft_state)
+    (out / "summary.json").unlink()  # as if killed after its RL checkpoint, before the end
+    again = _demo(out, "setup_threads=2")
+    said = again.stdout + again.stderr
+    assert again.returncode == 0, said[-3000:]
+    assert "resuming" in said and "expert episodes" not in said and "sft step" not in said
+    assert "resumed from" in said  # RL: from rl/checkpoints
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed"] is True and summary["heldout_acc_before"] == sft_state["heldout_acc_before"]
+    finished = _demo(out, "setup_threads=2")
+    assert finished.returncode == 0 and "finished run" in finished.stdout + finished.stderr
+    other = _demo(out, "setup_threads=2", "p_skip=0.5")
+    assert other.returncode != 0 and "p_skip: 0.75 -> 0.5" in other.stdout + other.stderr
 
 
 def test_split_per_hop_takes_the_last_questions_of_each_hop_count() -> None:

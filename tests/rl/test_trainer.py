@@ -111,3 +111,16 @@ def test_state_dict_round_trip(model_and_samples):
     s1 = t1.train_step(samples, policy_version=1)
     s2 = t2.train_step(samples, policy_version=1)
     assert s1["perf/lr"] == s2["perf/lr"] and s1["loss/policy"] == pytest.approx(s2["loss/policy"])
+
+
+def test_cosine_schedule_follows_the_runs_progress_when_it_is_further_along(model_and_samples):
+    """A time-budgeted run does not know its step count: `progress` (its share of the budget) drives the
+    cosine when it is ahead of steps/total_steps."""
+    model, samples = model_and_samples
+    optim = OptimConfig(lr=1e-3, schedule="cosine", min_lr_ratio=0.1)
+    trainer = PolicyTrainer(copy.deepcopy(model), TrainerConfig(optim=optim), total_steps=1000)
+    lr_after = lambda progress: trainer.train_step(samples, policy_version=0, progress=progress)["perf/lr"]  # noqa: E731
+    assert lr_after(None) == pytest.approx(1e-3, rel=1e-4)  # 1 of 1000 steps: still the peak
+    assert lr_after(0.5) == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5), rel=1e-6)
+    assert lr_after(1.0) == pytest.approx(1e-4, rel=1e-6)
+    assert lr_after(0.0) == pytest.approx(1e-3, rel=1e-4)  # behind the step count (4 of 1000): steps rule

@@ -90,8 +90,8 @@ class TrainerRankActor:
         )
         return sum(p.numel() for p in self.trainer.model.parameters()) if self.rank == 0 else 0
 
-    def train_step(self, samples: list[Any], policy_version: int) -> dict[str, float]:
-        return self.trainer.train_step(samples, policy_version=policy_version)
+    def train_step(self, samples: list[Any], policy_version: int, progress: float | None = None) -> dict[str, float]:
+        return self.trainer.train_step(samples, policy_version=policy_version, progress=progress)
 
     def set_tokenizer(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer  # written next to every saved model (rank 0)
@@ -161,11 +161,11 @@ class RayTrainerGroup:
 
         return ray.get([getattr(r, method).remote(*args) for r in self.ranks])
 
-    def train_step(self, samples: Sequence[Any], *, policy_version: int) -> dict[str, float]:
+    def train_step(self, samples: Sequence[Any], *, policy_version: int, progress: float | None = None) -> dict[str, float]:
         import ray
 
         ref = ray.put(list(samples))  # one copy in the object store, read by every rank
-        return self._all("train_step", ref, policy_version)[0]
+        return self._all("train_step", ref, policy_version, progress)[0]
 
     def save_hf(self, directory: str | os.PathLike[str], tokenizer: Any = None) -> Path:
         if tokenizer is not self._tokenizer:

@@ -351,7 +351,11 @@ async def train(cfg: TrainConfig, *, run: RunDir, log=print, model=None, tokeniz
             summary["heldout_acc_start"] = acc
         log(f"held-out accuracy {acc:.3f} at version {at_version} ({time.perf_counter() - t_eval:.1f}s)")
 
+    def checkpoint_state() -> dict[str, Any]:
+        return {"step": step, "rl_wall_s": rl_wall(), "controller": controller.state_dict()}
+
     pending_eval: asyncio.Task | None = None
+    saved_step = start_step
     try:
         if heldout and start_step == 0:
             pending_eval = asyncio.create_task(evaluate_heldout(version))
@@ -370,7 +374,8 @@ async def train(cfg: TrainConfig, *, run: RunDir, log=print, model=None, tokeniz
                 break
             t1 = time.perf_counter()
             samples, _ = groups_to_samples([g.rewards for g in batch], [g.trajectories for g in batch], cfg.trainer.advantages)
-            stats = await asyncio.to_thread(trainer.train_step, samples, policy_version=version)
+            progress = step / cfg.steps if cfg.max_rl_seconds is None else max(step / cfg.steps, rl_wall() / cfg.max_rl_seconds)
+            stats = await asyncio.to_thread(trainer.train_step, samples, policy_version=version, progress=progress)
             t2 = time.perf_counter()
             if pending_eval is not None:  # it measures the engine's current weights: push after it
                 await pending_eval
@@ -401,14 +406,16 @@ async def train(cfg: TrainConfig, *, run: RunDir, log=print, model=None, tokeniz
                     run.log_trajectory({"step": step, "group": batch[0].index, **t.to_dict()})
             out_of_time = cfg.max_rl_seconds is not None and rl_wall() >= cfg.max_rl_seconds
             if step % cfg.checkpoint_every == 0 or step == cfg.steps or out_of_time:  # the last step is kept
-                state = {"step": step, "rl_wall_s": rl_wall(), "controller": controller.state_dict()}
-                save_checkpoint(run.path, step, trainer, state, cfg.keep_checkpoints)
+                save_checkpoint(run.path, step, trainer, checkpoint_state(), cfg.keep_checkpoints)
+                saved_step = step
             due = (cfg.heldout.every_s and time.perf_counter() - last_eval_t >= cfg.heldout.every_s) or (
                 cfg.heldout.every_steps and step % cfg.heldout.every_steps == 0
             )
-            if heldout and (due or step == cfg.steps or out_of_time):
+            if heldout and (due or step == cfg.steps):
                 pending_eval = asyncio.create_task(evaluate_heldout(version))
                 last_eval_t = time.perf_counter()
+        if step > saved_step:  # the budget ran out while waiting for a batch: keep the last step too
+            save_checkpoint(run.path, step, trainer, checkpoint_state(), cfg.keep_checkpoints)
         if pending_eval is not None:  # the last version's: nothing waits on it any more
             await pending_eval
             pending_eval = None

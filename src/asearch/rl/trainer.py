@@ -30,7 +30,11 @@ class OptimConfig(Config):
     betas: tuple[float, float] = (0.9, 0.95)
     grad_clip: float = Field(1.0, gt=0, description="Max global grad norm.")
     warmup_steps: int = Field(0, ge=0)
-    schedule: Literal["constant", "cosine"] = "constant"
+    schedule: Literal["constant", "cosine"] = Field(
+        "constant",
+        description="cosine: from lr down to lr * min_lr_ratio over the run: its steps, or its time budget "
+        "(`max_rl_seconds`) when that runs out first.",
+    )
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine: final lr = lr * min_lr_ratio.")
 
 
@@ -155,7 +159,7 @@ class Trainer(Protocol):
     """What the RL loop needs of a trainer: `PolicyTrainer` here, or FSDP ranks elsewhere
     (`asearch.launch.ray.RayTrainerGroup`)."""
 
-    def train_step(self, samples: Sequence[Sample], *, policy_version: int) -> dict[str, float]: ...
+    def train_step(self, samples: Sequence[Sample], *, policy_version: int, progress: float | None = None) -> dict[str, float]: ...
 
     def save_hf(self, directory: str | os.PathLike[str], tokenizer: Any = None) -> Path: ...
 
@@ -173,6 +177,7 @@ class PolicyTrainer:
         self.optimizer = torch.optim.AdamW(
             model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay
         )
+        self._progress: float | None = None  # the run's, when the caller says (see train_step)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.rng = random.Random(cfg.seed)
         self.step = 0  # optimizer steps taken
@@ -185,6 +190,8 @@ class PolicyTrainer:
             return 1.0
         total = self.total_steps * self.cfg.n_minibatches
         progress = min(1.0, (opt_step - o.warmup_steps) / max(1, total - o.warmup_steps))
+        if self._progress is not None:
+            progress = min(1.0, max(progress, self._progress))
         return o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     # -- the hooks a data-parallel trainer overrides (asearch.rl.distributed.DistributedPolicyTrainer);
@@ -206,8 +213,11 @@ class PolicyTrainer:
     def _clip_grad_norm(self) -> float:
         return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip))
 
-    def train_step(self, samples: Sequence[Sample], *, policy_version: int) -> dict[str, float]:
+    def train_step(self, samples: Sequence[Sample], *, policy_version: int, progress: float | None = None) -> dict[str, float]:
+        """One RL step. `progress` (0-1): how far the run is, e.g. by its time budget; the LR schedule takes
+        it when it is further along than the step count."""
         cfg = self.cfg
+        self._progress = progress
         self.model.train()
         order = list(range(len(samples)))
         self.rng.shuffle(order)
