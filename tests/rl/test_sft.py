@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from asearch.rl.sft import SFTConfig, sft
+from asearch.rl.sft import SFTConfig, repeated_bigrams, sft
 from asearch.rl.trainer import Sample, sequence_logprobs
 
 torch.set_num_threads(1)
@@ -73,3 +73,28 @@ def test_bf16_autocast_gives_the_same_first_loss_and_learns(model_and_samples):
     assert all(p.dtype == torch.float32 for p in m.parameters())
     losses = sft(copy.deepcopy(model), samples, SFTConfig(steps=30, batch_size=2, lr=1e-2, warmup_steps=0, bf16=True))
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_repeated_bigrams_mark_what_a_copy_could_predict():
+    #                    a  b  c  a  b  d  a  b  c
+    assert repeated_bigrams([1, 2, 3, 1, 2, 4, 1, 2, 3]) == [0, 0, 0, 0, 1, 0, 0, 1, 1]
+    assert repeated_bigrams([]) == [] and repeated_bigrams([5]) == [0]
+
+
+def test_repeated_context_loss_covers_only_read_tokens_a_copy_could_predict(model_and_samples):
+    """context_tokens=repeated: the first step's loss is the token mean over the generated tokens and the read
+    tokens whose bigram came before, by hand."""
+    model, samples = model_and_samples
+    samples = [Sample(s.token_ids + s.token_ids[2:6], s.loss_mask + [0] * 4, [0.0] * (len(s.token_ids) + 4), [0] * (len(s.token_ids) + 4), 0.0) for s in samples]
+    with torch.no_grad():
+        lps = [sequence_logprobs(model, [s], temperature=1.0)[0].tolist() for s in samples]
+    num = den = 0.0
+    for s, lp in zip(samples, lps, strict=True):
+        rep = repeated_bigrams(s.token_ids)
+        assert sum(r for r, m in zip(rep, s.loss_mask, strict=True) if not m) >= 3  # the appended copy
+        for t in range(1, len(s.token_ids)):
+            weight = 1.0 if s.loss_mask[t] else 0.5 * rep[t]
+            num -= weight * lp[t]
+            den += weight
+    cfg = SFTConfig(steps=1, batch_size=2, context_loss_weight=0.5, context_tokens="repeated")
+    assert sft(copy.deepcopy(model), samples, cfg)[0] == pytest.approx(num / den, rel=1e-5)

@@ -121,7 +121,8 @@ class DemoConfig(Config):
     )
     sft: SFTConfig = Field(
         default_factory=lambda: SFTConfig(
-            steps=1200, batch_size=32, lr=3e-3, token_budget=2048, context_loss_weight=1.0, bf16=False
+            steps=1200, batch_size=32, lr=3e-3, token_budget=2048, context_loss_weight=1.0, context_tokens="repeated",
+            bf16=False,
         )
     )
     rl_seconds: float = Field(

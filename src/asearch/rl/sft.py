@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
@@ -30,6 +30,13 @@ class SFTConfig(Config):
         "0 = loss on generated tokens only. Tool results repeat names (query, url, title, text), so predicting "
         "them teaches a small model to copy, which it must do to search and answer.",
     )
+    context_tokens: Literal["all", "repeated"] = Field(
+        "all",
+        description="Which read tokens the context loss covers. 'repeated': only those whose bigram (previous token, "
+        "token) already occurred in the episode, i.e. what copying can predict. A fact's first mention is "
+        "unpredictable; fitting it teaches priors over names (which suffix follows a name word) that then "
+        "compete with copying when the model writes the name.",
+    )
     bf16: bool = Field(
         False,
         description="Run forward and backward under bfloat16 autocast (weights and optimizer stay float32): "
@@ -51,14 +58,19 @@ def sft(model: Any, samples: Sequence[Sample], cfg: SFTConfig, *, on_step: Calla
 
     model.train()
     device = next(model.parameters()).device.type
+    context = None  # per sample: 1 on the read tokens the context loss covers (None: every read token)
+    if cfg.context_tokens == "repeated":
+        context = [[r * (1 - m) for r, m in zip(repeated_bigrams(s.token_ids), s.loss_mask, strict=True)] for s in samples]
     losses = []
     order: list[int] = []
     for step in range(cfg.steps):
         if len(order) < cfg.batch_size:
             order += rng.sample(range(len(samples)), len(samples))
-        batch, order = [samples[i] for i in order[: cfg.batch_size]], order[cfg.batch_size :]
+        picked, order = order[: cfg.batch_size], order[cfg.batch_size :]
+        batch = [samples[i] for i in picked]
         w_ctx = cfg.context_loss_weight
-        n_tokens = sum(s.n_generated + w_ctx * (len(s.token_ids) - 1 - s.n_generated) for s in batch)
+        ctx = [context[i] if context is not None else [1 - m for m in samples[i].loss_mask] for i in picked]
+        n_tokens = sum(s.n_generated + w_ctx * sum(c[1:]) for s, c in zip(batch, ctx, strict=True))  # 0 has no prediction
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
         opt.zero_grad(set_to_none=True)
@@ -68,9 +80,9 @@ def sft(model: Any, samples: Sequence[Sample], cfg: SFTConfig, *, on_step: Calla
             with torch.autocast(device, dtype=torch.bfloat16, enabled=cfg.bf16):
                 lp = sequence_logprobs(model, rows, temperature=1.0, generated_only=not w_ctx).float()
             mask = torch.zeros_like(lp)
-            for r, s in enumerate(rows):
+            for r, (s, i) in enumerate(zip(rows, micro, strict=True)):
                 m = torch.tensor(s.loss_mask, dtype=lp.dtype)
-                mask[r, : len(s.loss_mask)] = m + w_ctx * (1 - m)
+                mask[r, : len(s.loss_mask)] = m + w_ctx * torch.tensor(ctx[i], dtype=lp.dtype)
             mask[:, 0] = 0  # the first token has no prediction
             loss = -(lp * mask).sum() / max(n_tokens, 1)
             loss.backward()
@@ -82,6 +94,17 @@ def sft(model: Any, samples: Sequence[Sample], cfg: SFTConfig, *, on_step: Calla
             on_step(step, total)
     model.eval()
     return losses
+
+
+def repeated_bigrams(token_ids: Sequence[int]) -> list[int]:
+    """1 where (previous token, token) already occurred earlier in the sequence: a copy could predict it."""
+    seen: set[tuple[int, int]] = set()
+    out = [0] * len(token_ids)
+    for t in range(1, len(token_ids)):
+        pair = (token_ids[t - 1], token_ids[t])
+        out[t] = int(pair in seen)
+        seen.add(pair)
+    return out
 
 
 def trajectories_to_samples(trajectories: Sequence[Any]) -> list[Sample]:
