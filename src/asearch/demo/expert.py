@@ -40,8 +40,15 @@ def act(tag: str, text: str) -> str:
 class WorldExpert:
     """Policy(prompt text) -> next model output. `plans` maps question text to its Plan."""
 
-    def __init__(self, plans: Mapping[str, Plan], *, p_skip: float = 0.5, p_wrong: float = 0.25, seed: int = 0):
-        self.plans, self.p_skip, self.p_wrong, self.seed = dict(plans), p_skip, p_wrong, seed
+    def __init__(
+        self, plans: Mapping[str, Plan], *, p_skip: float = 0.5, p_wrong: float = 0.25, seed: int = 0,
+        skip_at: str = "every",
+    ):  # fmt: skip
+        """`skip_at`: "every" extra hop may be skipped (each with p_skip), or only the "first" (an expert that
+        went on to a second search finishes the question)."""
+        if skip_at not in ("every", "first"):
+            raise ValueError(f"skip_at must be 'every' or 'first', got {skip_at!r}")
+        self.plans, self.p_skip, self.p_wrong, self.seed, self.skip_at = dict(plans), p_skip, p_wrong, seed, skip_at
 
     def _rng(self, prompt: str) -> random.Random:
         # decisions depend on the state only, so a trajectory is reproducible whatever the scheduling
@@ -68,7 +75,7 @@ class WorldExpert:
                 if names:
                     return act("answer", rng.choice(sorted(names)))
             return act("answer", value)
-        if rng.random() < self.p_skip:  # the deliberate mistake: stop one hop short
+        if (self.skip_at == "every" or hop == 1) and rng.random() < self.p_skip:  # the mistake: stop short
             return act("answer", value)
         return act("search", value)
 

@@ -112,7 +112,12 @@ class DemoConfig(Config):
         "them. With `names` set, facts differ between worlds under the same names, so only reading lowers "
         "the loss (one world: the model remembers its facts, and held-out accuracy stays near 0, measured).",
     )
-    p_skip: float = Field(0.75, description="Expert stops one hop short with this probability per extra hop.")
+    p_skip: float = Field(0.75, description="Expert answers one hop short with this probability (see skip_at).")
+    skip_at: Literal["every", "first"] = Field(
+        "every",
+        description="Where the expert may stop short: at 'every' extra hop (a 3-hop question is finished 1 time "
+        "in 16 at p_skip 0.75), or only after its 'first' search (once it searches a second time it finishes).",
+    )
     p_wrong: float = Field(
         0.0,
         description="Expert copies a wrong name on one-hop questions with this probability. Off by default: at 0.25 the "
@@ -180,7 +185,7 @@ def _page_texts(corpus, topk: int) -> Any:
 def _expert_texts(tokenizer, records, built_tools, agent_cfg, cfg) -> list[str]:
     """The texts of expert episodes on `records` through the real loop and tools (with `tokenizer`)."""
     tools, closers = built_tools
-    engine = expert_engine(tokenizer, records, p_skip=cfg.p_skip, p_wrong=cfg.p_wrong, seed=cfg.seed)
+    engine = expert_engine(tokenizer, records, p_skip=cfg.p_skip, p_wrong=cfg.p_wrong, seed=cfg.seed, skip_at=cfg.skip_at)
 
     async def go():
         return await asyncio.gather(*(run_episode(engine, tokenizer, tools, r.question, agent_cfg) for r in records))
@@ -380,7 +385,7 @@ def _supervised_start(cfg: DemoConfig, layout: _Layout, run: RunDir, log) -> dic
         t0 = time.perf_counter()
         W = len(per_world)
         per_episode = interleave(pmap(expert_episodes, [
-            ExpertJob(recs, len(range(k, cfg.expert_episodes, W)), tc, tokenizer, layout.agent, cfg.p_skip, cfg.p_wrong, cfg.seed + 7919 * k)
+            ExpertJob(recs, len(range(k, cfg.expert_episodes, W)), tc, tokenizer, layout.agent, cfg.p_skip, cfg.p_wrong, cfg.seed + 7919 * k, cfg.skip_at)
             for k, (recs, tc) in enumerate(zip(per_world, layout.train_tools, strict=True))
         ]))  # fmt: skip
     samples = [s for episode in per_episode for s in episode]

@@ -101,20 +101,23 @@ class ExpertJob:
     p_skip: float
     p_wrong: float
     seed: int  # the expert's own: its choices depend on (seed, prompt) only
+    skip_at: str = "every"
 
 
-def expert_engine(tokenizer: Any, records: Sequence[QARecord], *, p_skip: float, p_wrong: float, seed: int) -> ScriptedEngine:
+def expert_engine(
+    tokenizer: Any, records: Sequence[QARecord], *, p_skip: float, p_wrong: float, seed: int, skip_at: str = "every"
+) -> ScriptedEngine:
     """The scripted expert (with its deliberate mistakes) for `records`, as an engine the agent loop drives."""
     from asearch.demo.expert import WorldExpert, plan_from_record
 
     plans = {r.question: plan_from_record(r.model_dump()) for r in records}
-    return ScriptedEngine(tokenizer, WorldExpert(plans, p_skip=p_skip, p_wrong=p_wrong, seed=seed))
+    return ScriptedEngine(tokenizer, WorldExpert(plans, p_skip=p_skip, p_wrong=p_wrong, seed=seed, skip_at=skip_at))
 
 
 def expert_episodes(job: ExpertJob) -> list[list[Sample]]:
     """Per episode, its training samples (one per segment with generated tokens), in episode order."""
     tools, closers = build_tools(job.tools, progress=False)
-    engine = expert_engine(job.tokenizer, job.records, p_skip=job.p_skip, p_wrong=job.p_wrong, seed=job.seed)
+    engine = expert_engine(job.tokenizer, job.records, p_skip=job.p_skip, p_wrong=job.p_wrong, seed=job.seed, skip_at=job.skip_at)
 
     async def go():
         sem = asyncio.Semaphore(64)
