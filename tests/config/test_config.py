@@ -93,3 +93,26 @@ def test_a_partial_override_keeps_the_values_a_field_default_sets(tmp_path):
     cfg = load_config(WithFactoryDefault, p)
     assert (cfg.nested.name, cfg.nested.topk, cfg.nested.inner.method) == ("y", 3, "dense")
     assert cfg.inner == Inner(k1=9.0)  # untouched: the default
+
+
+class Span(Config):
+    whole_value = True  # one value: a mapping given for it is complete, not merged over the default
+    lo: float | None = None
+    hi: float | None = None
+
+
+class WithWholeValue(Config):
+    span: Span = Field(default_factory=lambda: Span(lo=1.0))
+    inner: Inner = Field(default_factory=lambda: Inner(k1=9.0))
+
+
+def test_a_whole_value_model_replaces_its_default_instead_of_merging(tmp_path):
+    """A distribution-like field (`whole_value`) given as a mapping is the whole new value: `span: {hi: 2}`
+    gives lo=None, not the default's lo=1.0 (a pareto with `mean` must not inherit the default `alpha`)."""
+    p = tmp_path / "c.yaml"
+    p.write_text("span: {hi: 2}\ninner: {method: dense}\n")
+    cfg = load_config(WithWholeValue, p)
+    assert cfg.span == Span(hi=2.0)
+    assert cfg.inner == Inner(k1=9.0, method="dense")  # an ordinary model still merges
+    assert load_config(WithWholeValue, None, ["span.hi=3"]).span == Span(hi=3.0)
+    assert load_config(WithWholeValue).span == Span(lo=1.0)

@@ -7,13 +7,13 @@ import shutil
 
 import httpx
 import pytest
-from conftest import XSS
 
 from asearch.files import iter_jsonl, write_jsonl
 from asearch.retrieval.server import serve_in_thread
 from asearch.runs import RunDir
 from asearch.view import ViewConfig, create_app
 from asearch.view.pages import esc
+from conftest import XSS
 
 RL = "demo-seed0-rl"
 

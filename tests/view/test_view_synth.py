@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import XSS
 
 from asearch.files import iter_jsonl
 from asearch.view.pages import esc, synth_card, word_diff
 from asearch.view.runs import Catalog, SynthRun, synth_question
+from conftest import XSS
 
 
 @pytest.fixture(scope="module")

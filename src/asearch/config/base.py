@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -24,6 +24,9 @@ class Config(BaseModel):
     """Base for every config model: unknown keys are rejected; values are validated on assignment."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+    # True for a model that is one value rather than a set of knobs (a distribution: kind + parameters):
+    # a mapping given for such a field replaces the field's default instead of being merged over it.
+    whole_value: ClassVar[bool] = False
 
 
 # --------------------------------------------------------------------------- YAML with line numbers
@@ -171,6 +174,8 @@ def _under_field_defaults(model: type[BaseModel], data: dict[str, Any]) -> dict[
         if not isinstance(sub, dict):
             continue
         default = field.get_default(call_default_factory=True)
+        if getattr(default, "whole_value", False):
+            continue
         if isinstance(default, BaseModel):
             out[name] = _under_field_defaults(type(default), _deep_merge(default.model_dump(exclude_unset=True), sub))
         elif isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr, model_validator
 
@@ -48,6 +48,7 @@ class Dist(Config):
     values: list[float] = Field(default_factory=list, description="choice: values drawn uniformly.")
     integer: bool = Field(False, description="draws are whole numbers (turns, tokens).")
     _alpha: float | None = PrivateAttr(None)  # pareto: the tail index, solved once
+    whole_value: ClassVar[bool] = True  # `turns: {kind: pareto, mean: 10}` is a whole new distribution
 
     @model_validator(mode="before")
     @classmethod
