@@ -112,6 +112,11 @@ def server(vllm_python: str, models, tmp_path_factory: pytest.TempPathFactory):
         python=vllm_python,
         served_model_name="tiny",
         max_model_len=MAX_LEN,
+        # The worker inside the engine-core process: with the default multiprocessing executor, engine core
+        # and worker each keep a core busy, and on 2 cores the API server then answered nothing (not even
+        # /metrics) until a long request had finished (measured: one poll in 28 s). Here it answers every
+        # ~0.1 s, so a test sees a request in flight.
+        extra_args=["--distributed-executor-backend", "uni"],
         cfg=SupervisorConfig(health_timeout_s=900),
     )
     print(f"\n[vllm] server healthy after {time.monotonic() - start:.0f}s at {url} (log: {log_path})")
