@@ -76,7 +76,7 @@ def test_an_interrupted_demo_resumes_from_its_supervised_start(tmp_path: Path) -
     finished = _demo(out, "setup_threads=2")
     assert finished.returncode == 0 and "finished run" in finished.stdout + finished.stderr
     other = _demo(out, "setup_threads=2", "p_skip=0.5")
-    assert other.returncode != 0 and "p_skip: 0.75 -> 0.5" in other.stdout + other.stderr
+    assert other.returncode != 0 and "p_skip: 0.6 -> 0.5" in other.stdout + other.stderr
 
 
 def test_split_per_hop_takes_the_last_questions_of_each_hop_count() -> None:

@@ -124,3 +124,28 @@ def test_cosine_schedule_follows_the_runs_progress_when_it_is_further_along(mode
     assert lr_after(0.5) == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5), rel=1e-6)
     assert lr_after(1.0) == pytest.approx(1e-4, rel=1e-6)
     assert lr_after(0.0) == pytest.approx(1e-3, rel=1e-4)  # behind the step count (4 of 1000): steps rule
+
+
+def test_epochs_train_a_batch_again_against_the_policy_at_the_steps_start(model_and_samples):
+    """epochs=2: two optimizer steps per batch; the second pass's ratio pi_theta / pi_prox is off 1 (pi_prox stays
+    the policy before the step, not recomputed per pass), and the policy moves further than after one pass.
+    The log-linear proximal approximation agrees on the first pass and is used on the second."""
+    model, samples = model_and_samples
+
+    def run(epochs, prox="recompute"):
+        m = copy.deepcopy(model)
+        t = PolicyTrainer(m, TrainerConfig(epochs=epochs, prox=prox, optim=OptimConfig(lr=3e-3)))
+        stats = t.train_step(samples, policy_version=0)
+        return m, t, stats
+
+    m1, t1, s1 = run(1)
+    m2, t2, s2 = run(2)
+    assert (t1.step, t2.step) == (1, 2)
+    assert s1["loss/approx_kl"] == pytest.approx(0.0, abs=1e-9) and s2["loss/approx_kl"] > 1e-6
+
+    def moved(m):
+        return sum((a - b).abs().sum().item() for a, b in zip(m.parameters(), model.parameters(), strict=True))
+
+    assert moved(m2) > 1.5 * moved(m1)
+    m3, t3, s3 = run(2, prox="loglinear")
+    assert t3.step == 2 and s3["loss/approx_kl"] > 1e-6

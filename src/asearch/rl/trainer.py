@@ -7,6 +7,7 @@ token-budget micro-batches and take one AdamW step.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import random
@@ -42,7 +43,11 @@ class TrainerConfig(Config):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
     advantages: AdvantageConfig = Field(default_factory=AdvantageConfig)
-    n_minibatches: int = Field(1, ge=1, description="Optimizer steps per RL step (PPO minibatches).")
+    n_minibatches: int = Field(1, ge=1, description="Optimizer steps per pass over a batch (PPO minibatches).")
+    epochs: int = Field(
+        1, ge=1, description="Passes over each batch (PPO epochs): more updates from the same trajectories when "
+        "generation, not training, is the bottleneck. The proximal policy stays the one at the step's start.",
+    )
     token_budget: int = Field(16384, ge=64, description="Padded tokens per forward micro-batch.")
     prox: Literal["recompute", "loglinear"] = Field(
         "recompute", description="recompute: one extra forward per step; loglinear: interpolate by versions."
@@ -232,13 +237,14 @@ class PolicyTrainer:
         )
         mb_tokens, mb_sizes = counts[: cfg.n_minibatches], counts[cfg.n_minibatches :]
 
-        # -- 1. proximal log-probs: the policy as it is before this step's updates. The first minibatch is
-        # trained before any update, so its own forward gives them (below): only later minibatches need this
-        # extra pass, and with one minibatch (the default) it is skipped.
+        # -- 1. proximal log-probs: the policy as it is before this step's updates. The first minibatch of the
+        # first epoch is trained before any update, so its own forward gives them (below): only the samples
+        # trained again after an update need this extra pass, none with one minibatch and one epoch (the default).
         prox: dict[int, torch.Tensor] = {}
-        if cfg.prox == "recompute" and cfg.n_minibatches > 1:
+        later = minibatches if cfg.epochs > 1 else minibatches[1:]
+        if cfg.prox == "recompute" and later:
             with torch.no_grad():
-                for idx in self._micro_batches(samples, sorted(i for mb in minibatches[1:] for i in mb)):
+                for idx in self._micro_batches(samples, sorted(i for mb in later for i in mb)):
                     rows = [samples[i] for i in idx] or [_NOOP]
                     lp = sequence_logprobs(self.model, rows, self.temperature, only=[s.loss_mask for s in rows])
                     for r, i in enumerate(idx):
@@ -248,7 +254,8 @@ class PolicyTrainer:
         stats: dict[str, float] = {}
         n_stats = 0
         grad_norms: list[float] = []
-        for k_mb, mb in enumerate(minibatches):
+        updates = cfg.epochs * cfg.n_minibatches
+        for u, (k_mb, mb) in enumerate(itertools.chain.from_iterable(enumerate(minibatches) for _ in range(cfg.epochs))):
             if not mb_sizes[k_mb]:
                 continue  # fewer samples than minibatches
             self.optimizer.zero_grad(set_to_none=True)
@@ -259,16 +266,16 @@ class PolicyTrainer:
                 behav = _pad([s.behav_logprobs for s in rows], longest)
                 mask = _pad([s.loss_mask for s in rows], longest)
                 adv = torch.tensor([s.advantage for s in rows])[:, None].expand(-1, longest)
-                if cfg.prox == "recompute" and k_mb == 0:
+                if cfg.prox == "recompute" and u == 0:
                     prox_lp = logp.detach().cpu()  # no update yet: theta is the proximal policy
                 elif cfg.prox == "recompute":
                     prox_lp = _pad([prox[i].tolist() for i in idx] or [[0.0] * longest], longest)
                 else:
                     # log pi_prox ~ log pi_behav + alpha (log pi_theta - log pi_behav) with
-                    # alpha = (v_prox - v_behav) / (v_theta - v_behav); theta at minibatch k counts as
-                    # version v + k/m, so the first minibatch is exact (alpha = 1: prox = theta).
+                    # alpha = (v_prox - v_behav) / (v_theta - v_behav); theta at update u of the step's U
+                    # counts as version v + u/U, so the first update is exact (alpha = 1: prox = theta).
                     v_behav = _pad([s.versions for s in rows], longest, fill=float(policy_version))
-                    v_theta = policy_version + k_mb / cfg.n_minibatches
+                    v_theta = policy_version + u / updates
                     gap = (v_theta - v_behav).clamp(min=1e-9)
                     alpha = ((policy_version - v_behav) / gap).clamp(0.0, 1.0)
                     alpha = torch.where(v_theta - v_behav < 1e-9, torch.ones_like(alpha), alpha)
