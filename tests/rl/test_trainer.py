@@ -51,7 +51,7 @@ def test_micro_batching_does_not_change_the_gradient(model_and_samples):
     assert torch.allclose(one, many, atol=1e-6, rtol=1e-4)
 
 
-def test_logprobs_at_the_loss_positions_only_equal_the_full_head_there(model_and_samples):
+def test_generated_only_logprobs_and_gradients_equal_the_full_head(model_and_samples):
     """The LM head on the loss-mask positions alone gives the same log-probs there (0 elsewhere) and the same
     gradient as the head over every position."""
     model, samples = model_and_samples
@@ -60,9 +60,9 @@ def test_logprobs_at_the_loss_positions_only_equal_the_full_head_there(model_and
     for r, s in enumerate(samples):
         mask[r, : len(s.loss_mask)] = torch.tensor(s.loss_mask, dtype=torch.float32)
     grads, logprobs = [], []
-    for only in (None, [s.loss_mask for s in samples]):
+    for generated_only in (False, True):
         m.zero_grad()
-        lp = sequence_logprobs(m, samples, 0.7, only=only)
+        lp = sequence_logprobs(m, samples, 0.7, generated_only=generated_only)
         (lp * mask).sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]))
         logprobs.append(lp.detach())

@@ -79,11 +79,8 @@ def sft(model: Any, samples: Sequence[Sample], cfg: SFTConfig, *, on_step: Calla
             rows = [batch[i] for i in micro]
             # per row: the weight of each position's loss (1 generated, w_ctx on the covered read tokens)
             weights = [[m + w_ctx * c for m, c in zip(s.loss_mask, ctx[i], strict=True)] for s, i in zip(rows, micro, strict=True)]
-            # without a context loss the LM head runs on the generated tokens alone; with one, on every
-            # position (gathering the weighted ones was not shown faster: an A/B here was inconclusive)
-            only = None if w_ctx else [s.loss_mask for s in rows]
             with torch.autocast(device, dtype=torch.bfloat16, enabled=cfg.bf16):
-                lp = sequence_logprobs(model, rows, temperature=1.0, only=only).float()
+                lp = sequence_logprobs(model, rows, temperature=1.0, generated_only=not w_ctx).float()
             mask = torch.zeros_like(lp)
             for r, ws in enumerate(weights):
                 mask[r, : len(ws)] = torch.tensor(ws, dtype=lp.dtype)

@@ -104,15 +104,12 @@ def micro_batches(samples: Sequence[Sample], token_budget: int) -> list[list[int
 _PLAIN_HEAD_MODELS = frozenset({"qwen2", "qwen3", "llama", "mistral"})
 
 
-def sequence_logprobs(
-    model: Any, samples: Sequence[Sample], temperature: float, *, only: Sequence[Sequence[int]] | None = None
-) -> torch.Tensor:
+def sequence_logprobs(model: Any, samples: Sequence[Sample], temperature: float, *, generated_only: bool = False) -> torch.Tensor:
     """log pi(token_t | tokens_<t) under the sampling temperature, shape (rows, longest); 0 at position 0.
 
-    `only`: per sample, 1 at the positions whose log-prob is needed (0 is returned elsewhere), e.g. the loss
-    mask. The LM head and softmax then run there alone: an RL step needs the generated tokens, a fifth of
-    the CPU demo's positions (1.16-1.29x a train step, measured). A sharded or unlisted model still
-    computes every position.
+    `generated_only`: only where the loss mask is 1 (0 elsewhere). The LM head and softmax then run on the
+    generated tokens alone, a fifth of an episode's positions in the CPU demo (1.16-1.29x a train step,
+    measured); a sharded or unlisted model still computes every position.
     """
     device = next(model.parameters()).device
     longest = max(len(s.token_ids) for s in samples)
@@ -123,10 +120,10 @@ def sequence_logprobs(
         attn[r, : len(s.token_ids)] = 1
     ids, attn = ids.to(device), attn.to(device)
     plain = getattr(model.config, "model_type", None) in _PLAIN_HEAD_MODELS and not _is_sharded(model)
-    if only is not None and plain:
+    if generated_only and plain:
         mask = torch.zeros(len(samples), longest, dtype=torch.bool)
-        for r, m in enumerate(only):
-            mask[r, : len(m)] = torch.tensor(m, dtype=torch.bool)
+        for r, s in enumerate(samples):
+            mask[r, : len(s.loss_mask)] = torch.tensor(s.loss_mask, dtype=torch.bool)
         sel = mask[:, 1:].to(device)  # token t is predicted from position t - 1
         hidden = model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]
         logits = model.get_output_embeddings()(hidden[sel]).float()
@@ -245,8 +242,7 @@ class PolicyTrainer:
         if cfg.prox == "recompute" and later:
             with torch.no_grad():
                 for idx in self._micro_batches(samples, sorted(i for mb in later for i in mb)):
-                    rows = [samples[i] for i in idx] or [_NOOP]
-                    lp = sequence_logprobs(self.model, rows, self.temperature, only=[s.loss_mask for s in rows])
+                    lp = sequence_logprobs(self.model, [samples[i] for i in idx] or [_NOOP], self.temperature, generated_only=True)
                     for r, i in enumerate(idx):
                         prox[i] = lp[r, : len(samples[i].token_ids)].cpu()
 
@@ -262,7 +258,7 @@ class PolicyTrainer:
             for idx in self._micro_batches(samples, mb):
                 rows = [samples[i] for i in idx] or [_NOOP]
                 longest = max(len(s.token_ids) for s in rows)
-                logp = sequence_logprobs(self.model, rows, self.temperature, only=[s.loss_mask for s in rows])
+                logp = sequence_logprobs(self.model, rows, self.temperature, generated_only=True)
                 behav = _pad([s.behav_logprobs for s in rows], longest)
                 mask = _pad([s.loss_mask for s in rows], longest)
                 adv = torch.tensor([s.advantage for s in rows])[:, None].expand(-1, longest)
