@@ -116,8 +116,9 @@ class FakeVLLM:
         if dev_mode:
 
             @app.post("/pause")
-            async def pause(mode: str = "abort") -> dict:
-                self.calls.append(f"pause:{mode}")
+            async def pause(mode: str = "abort", clear_cache: bool = True) -> dict:
+                # vLLM's clear_cache preempts the running requests even under mode=keep
+                self.calls.append(f"pause:{mode}" + ("" if clear_cache else ":cache kept"))
                 self.paused = True
                 if mode == "abort":
                     for s in self.running.values():
@@ -265,7 +266,7 @@ def test_pause_keeps_in_flight_and_blocks_new_chunks(serve) -> None:
     assert held == (True, True, 1)  # the new request never left the client while paused
     assert running.output_ids == expected_tokens([1, 2, 3], 30) and eng.stats.resends == 0
     assert waiting.output_ids == expected_tokens([9], 5)
-    assert fake.calls == ["pause:keep", "resume"]
+    assert fake.calls == ["pause:keep:cache kept", "resume"]
 
 
 def test_stop_token_and_payload_fields(serve) -> None:

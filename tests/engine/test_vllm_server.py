@@ -112,11 +112,6 @@ def server(vllm_python: str, models, tmp_path_factory: pytest.TempPathFactory):
         python=vllm_python,
         served_model_name="tiny",
         max_model_len=MAX_LEN,
-        # The worker inside the engine-core process: with the default multiprocessing executor, engine core
-        # and worker each keep a core busy, and on 2 cores the API server then answered nothing (not even
-        # /metrics) until a long request had finished (measured: one poll in 28 s). Here it answers every
-        # ~0.1 s, so a test sees a request in flight.
-        extra_args=["--distributed-executor-backend", "uni"],
         cfg=SupervisorConfig(health_timeout_s=900),
     )
     print(f"\n[vllm] server healthy after {time.monotonic() - start:.0f}s at {url} (log: {log_path})")
@@ -142,9 +137,9 @@ def run(coro):
     return asyncio.run(coro)
 
 
-async def seconds_of_tokens(engine: VLLMEngine, seconds: float) -> int:
-    """max_new_tokens for a request that runs about `seconds` on this server now (at least 2,048, at most
-    what fits in the context): the per-token time is measured, not assumed, so fast and slow machines
+async def seconds_of_tokens(engine: VLLMEngine, seconds: float, floor: int = 2048) -> int:
+    """max_new_tokens for a request that runs about `seconds` on this server now (at least `floor`, at
+    most what fits in the context): the per-token time is measured, not assumed, so fast and slow machines
     both get a request that is still running when the test acts on it. The floor covers a machine that
     was busy while measuring and is idle afterwards (seen in CI: measured 18 ms/token, then ran 4x faster)."""
     t = time.monotonic()
@@ -153,7 +148,7 @@ async def seconds_of_tokens(engine: VLLMEngine, seconds: float) -> int:
     t = time.monotonic()
     await engine.generate(req(144, seed=91))
     per_token = max((time.monotonic() - t - t16) / 128, 1e-5)
-    n = int(min(MAX_LEN - len(PROMPT) - 8, max(2048, seconds / per_token)))
+    n = int(min(MAX_LEN - len(PROMPT) - 8, max(floor, seconds / per_token)))
     print(f"\n[vllm] {per_token * 1e3:.2f} ms/token: {n} tokens for ~{seconds:.0f}s")
     return n
 
@@ -176,29 +171,43 @@ def generated_total(m: dict[str, float]) -> float:
     return m.get("vllm:generation_tokens_total", m.get("vllm:generation_tokens", 0.0))
 
 
-async def wait_generating(url: str, task: asyncio.Task, before: float, timeout: float = 120) -> bool:
-    """Until the server reports a running request and more generated tokens than `before`: True, or
-    False when the request finished first (the machine ran faster than it measured)."""
-    deadline = time.monotonic() + timeout
+async def wait_generating(
+    url: str, task: asyncio.Task, before: float, past: int = 0, timeout: float = 120
+) -> bool:
+    """Until the server reports a running request and more than `past` tokens generated since `before`:
+    True, or False when the request finished first (the machine ran faster than it measured)."""
+    start = time.monotonic()
+    deadline = start + timeout
+    polls, slowest, last = 0, 0.0, {}
     while time.monotonic() < deadline:
         if task.done():
+            print(
+                f"[vllm] request done after {time.monotonic() - start:.1f}s; {polls} polls (slowest "
+                f"{slowest:.2f}s), last: running={last.get('vllm:num_requests_running')} "
+                f"generated={generated_total(last) - before:.0f}"
+            )
             return False
-        m = await server_metrics(url)
-        if m.get("vllm:num_requests_running", 0) >= 1 and generated_total(m) > before:
+        t = time.monotonic()
+        last = await server_metrics(url)
+        polls, slowest = polls + 1, max(slowest, time.monotonic() - t)
+        if last.get("vllm:num_requests_running", 0) >= 1 and generated_total(last) > before + past:
             return True
         await asyncio.sleep(0.02)
     raise AssertionError(f"no generation seen in {timeout}s")
 
 
-async def start_long_request(engine: VLLMEngine, url: str, seconds: float, seed: int) -> tuple[int, asyncio.Task]:
-    """A request seen generating on the server, sized to run about `seconds`. A request that finishes
-    before it is seen (seen in CI: the machine sped up after measuring) is retried 2x longer, up to
-    the context; the test then acts on a request that is really in flight."""
-    n = await seconds_of_tokens(engine, seconds)
+async def start_long_request(
+    engine: VLLMEngine, url: str, seconds: float, seed: int, past: int = 0
+) -> tuple[int, asyncio.Task]:
+    """A request seen generating on the server (more than `past` tokens out), sized to run about
+    `seconds`. A request that finishes before it is seen (seen in CI: the machine sped up after
+    measuring) is retried 2x longer, up to the context; the test then acts on a request that is really
+    in flight."""
+    n = await seconds_of_tokens(engine, seconds, floor=max(2048, 2 * past))
     for _ in range(4):
         before = generated_total(await server_metrics(url))
         task = asyncio.create_task(engine.generate(req(n, seed=seed)))
-        if await wait_generating(url, task, before):
+        if await wait_generating(url, task, before, past):
             return n, task
         await task
         n = min(MAX_LEN - len(PROMPT) - 8, 2 * n)
@@ -286,8 +295,9 @@ def test_pause_freezes_and_resume_finishes(server) -> None:
         engine = VLLMEngine(url, "tiny")
         try:
             # Independent of the machine's speed: a request sized to run ~8 s, paused once the server
-            # shows it generating; frozen = the server's generated-token counter stands still.
-            n, task = await start_long_request(engine, url, 8.0, seed=5)
+            # shows it past one prefill chunk (2,048 tokens: a seeded request preempted there used to
+            # kill the engine core on resume); frozen = the server's generated-token counter stands still.
+            n, task = await start_long_request(engine, url, 8.0, seed=5, past=2100)
             await engine.pause()
             running_after_pause = not task.done()
             await asyncio.sleep(0.3)

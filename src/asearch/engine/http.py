@@ -437,7 +437,8 @@ class ResumableRemoteEngine:
                 for s in self._servers:
                     await s.post_json(abort_on_servers, {}, retries=1)
             try:
-                await asyncio.wait_for(self._drained.wait(), timeout=0.2)
+                async with asyncio.timeout(0.2):  # not wait_for: on 3.11 it can swallow a cancel
+                    await self._drained.wait()
             except TimeoutError:
                 pass
 

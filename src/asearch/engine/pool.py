@@ -222,7 +222,8 @@ class EnginePool:
                 raise RemoteError("the engine pool is closed")
             self._any_up.clear()
             try:
-                await asyncio.wait_for(self._any_up.wait(), self.revive_timeout_s)
+                async with asyncio.timeout(self.revive_timeout_s):  # not wait_for: it can swallow a cancel
+                    await self._any_up.wait()
             except TimeoutError:
                 raise RemoteError(
                     f"no rollout server up for {self.revive_timeout_s:g}s: "

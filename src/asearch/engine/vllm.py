@@ -211,9 +211,13 @@ class VLLMEngine(ResumableRemoteEngine):
     async def _server_pause(self, mode: Literal["abort", "keep"]) -> None:
         if self._no_server_pause:
             return
+        # 'keep' must not clear the caches: vLLM 0.32 then preempts the running requests (their KV is
+        # dropped and recomputed on resume), and recomputing a seeded request longer than one prefill
+        # chunk (2,048 tokens) kills a CPU server's engine core ("CPU Generator does not use offset").
+        params = {"mode": mode, "clear_cache": "false" if mode == "keep" else "true"}
         for s in self._servers:
             try:
-                await s.request("POST", "/pause", params={"mode": mode})
+                await s.request("POST", "/pause", params=params)
             except RemoteHTTPError as e:
                 if e.status_code != 404:
                     raise
@@ -299,6 +303,7 @@ def vllm_server_command(
     dtype: str = "float32",
     max_model_len: int | None = None,
     enforce_eager: bool = True,
+    executor: str = "uni",
     extra_args: Sequence[str] = (),
 ) -> list[str]:
     """The command that starts vLLM's OpenAI server the way `VLLMEngine` expects it.
@@ -307,6 +312,8 @@ def vllm_server_command(
     sampled from (after temperature/top-k/top-p), which is what the RL loss needs as behaviour logp.
     `--generation-config vllm` ignores the model's generation_config.json so only our sampling applies.
     `enforce_eager` skips torch.compile warm-up (about 75 s of a 2-minute start on 2 CPU cores).
+    `executor` is vLLM's `--distributed-executor-backend`: 'uni' runs the model in the engine-core process
+    (one GPU, or a CPU server with `vllm_server_env()`); use 'mp' or 'ray' for tensor parallelism.
     """
     cmd = [
         python or default_vllm_python(),
@@ -332,17 +339,25 @@ def vllm_server_command(
         cmd += ["--max-model-len", str(max_model_len)]
     if enforce_eager:
         cmd.append("--enforce-eager")
-    return cmd + list(extra_args)
+    return cmd + ["--distributed-executor-backend", executor] + list(extra_args)
 
 
 def vllm_server_env(
     *, kv_cache_gib: int = 1, omp_threads_bind: str = "0-1", dev_mode: bool = True
 ) -> dict[str, str]:
     """Environment for a CPU vLLM server: KV cache size, OpenMP core binding, and dev endpoints
-    (/pause, /resume, /collective_rpc) that in-place weight updates need."""
+    (/pause, /resume, /collective_rpc) that in-place weight updates need.
+
+    `VLLM_ENABLE_V1_MULTIPROCESSING=0` is what lets the CPU platform keep the 'uni' executor (with 1 it
+    turns 'uni' into 'mp'). Under 'mp' the engine core and a separate worker process wait for each other
+    by spinning on shared memory with sched_yield; on a 2-core machine that starved every other process,
+    the API server and its clients included, for up to 20 s at a time during a long generation
+    (measured: a 50 ms sleep in another process took 11.5 s). With the worker in the engine core the
+    longest stall seen was 0.5 s, and decoding was as fast or faster (2.9 vs 2.7-5.0 ms/token)."""
     return {
         "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
         "VLLM_CPU_OMP_THREADS_BIND": omp_threads_bind,
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_SERVER_DEV_MODE": "1" if dev_mode else "0",
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": "1",

@@ -170,7 +170,8 @@ class MicroBatcher:
                     if remaining <= 0:
                         break
                     try:
-                        nxt = await asyncio.wait_for(queue.get(), remaining)
+                        async with asyncio.timeout(remaining):  # not wait_for: it can swallow a cancel
+                            nxt = await queue.get()
                     except TimeoutError:
                         break
                 if size + len(nxt.queries) > self.max_batch:

@@ -364,7 +364,10 @@ async def train(cfg: TrainConfig, *, run: RunDir, log=print, model=None, tokeniz
             t0 = time.perf_counter()
             try:  # the time budget holds while waiting too (e.g. when every group is rejected)
                 left = None if cfg.max_rl_seconds is None else max(cfg.max_rl_seconds - rl_wall(), 0.0)
-                batch = await asyncio.wait_for(controller.get_batch(), timeout=left)
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the result when a cancel
+                # (Ctrl-C) lands just as the batch completes, and the run would train on.
+                async with asyncio.timeout(left):
+                    batch = await controller.get_batch()
             except TimeoutError:
                 log(f"RL time budget ({cfg.max_rl_seconds:.0f}s) spent waiting for a batch; rejected so far: "
                     f"{dict(controller.rejected)}")  # fmt: skip
