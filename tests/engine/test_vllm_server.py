@@ -529,3 +529,50 @@ def test_agent_episode_on_vllm_replays_the_learned_trajectory(server, models, tm
         logits = model(torch.tensor([seg.token_ids])).logits[0].float()
     ref = torch.log_softmax(logits, -1)[[i - 1 for i in gen], [seg.token_ids[i] for i in gen]].tolist()
     torch.testing.assert_close([seg.logprobs[i] for i in gen], ref, atol=ATOL, rtol=0)
+
+
+def test_train_launches_a_vllm_server(vllm_python, train_command, subprocess_env, tmp_path) -> None:
+    """`asearch train ... launcher=local rollout_servers.kind=vllm`: the launcher starts a vLLM server
+    with the model in its engine-core process, every step's weights are reloaded in place, and the server
+    is stopped when training ends."""
+    import json
+
+    import psutil
+
+    from asearch.corpus.world import WorldCorpus
+    from asearch.models.tiny import build_tiny_model, save_tiny, train_bpe_tokenizer
+
+    # The shared tiny world model ties its embeddings (reload would restart) and has head_dim 16 (below
+    # vLLM's CPU minimum of 32): this one has the same tokenizer corpus and neither.
+    torch.set_num_threads(1)
+    tok = train_bpe_tokenizer((d.title + "\n" + d.text for d in WorldCorpus(1, 200).documents()), vocab_size=400)
+    model = build_tiny_model(
+        tok, hidden=64, layers=1, heads=2, kv_heads=1, intermediate=128, max_positions=1024, seed=0, tie=False
+    )
+    model_dir = save_tiny(model, tok, tmp_path / "model")
+    out, steps = tmp_path / "run", 4
+    cmd = [
+        *train_command(model_dir, out, steps),
+        "launcher=local",
+        "allocation.rollout_servers=1",
+        "allocation.server_threads=1",
+        "rollout_servers.kind=vllm",
+    ]
+    t0 = time.monotonic()
+    done = subprocess.run(
+        cmd, env={**subprocess_env, "ASEARCH_VLLM_PYTHON": vllm_python}, capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    print(f"\n[vllm] asearch train, {steps} steps on a launched vLLM server: {time.monotonic() - t0:.0f}s")
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == steps and summary["policy_version"] == steps and not summary["episode_errors"]
+    (served,) = summary["rollout_servers"]
+    assert served["served"] > 0 and served["failures"] == 0 and served["restarts"] == 0
+    assert served["version"] == steps and served["weight_updates"] >= steps  # in place: no restart
+    (server,) = json.loads((out / "logs" / "servers.json").read_text())
+    assert not psutil.pid_exists(server["pid"]) or psutil.Process(server["pid"]).status() == psutil.STATUS_ZOMBIE
+    log = Path(server["log"]).read_text()
+    assert "'distributed_executor_backend': 'uni'" in log and "multiproc_executor" not in log, (
+        "the CPU server must run the model in its engine core (vllm_server_env sets VLLM_ENABLE_V1_MULTIPROCESSING=0)"
+    )
