@@ -17,15 +17,29 @@ TRAIN_WORLD = "world:seed=1,entities=200"
 def tiny_world_model_dir(tmp_path_factory) -> Path:
     """A random tiny Qwen2 whose tokenizer knows the world's pages. Random: its rewards are all 0, so runs
     made with it keep zero-variance groups to make steps (learning is the demo's job, not these tests')."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
+    return _save_world_model(tmp_path_factory.mktemp("tiny") / "model", hidden=32, heads=2, max_positions=512)
+
+
+@pytest.fixture(scope="session")
+def save_world_model() -> Callable[..., Path]:
+    """`save_world_model(directory, **shape)`: a world model of another shape than `tiny_world_model_dir`."""
+    pytest.importorskip("torch")
+    return _save_world_model
+
+
+def _save_world_model(directory: Path, **shape) -> Path:
+    """A random one-layer tiny Qwen2 of `shape` (build_tiny_model's keywords) whose tokenizer knows the
+    training world's pages, saved as an HF directory."""
+    import torch
+
     from asearch.corpus.world import WorldCorpus
     from asearch.models.tiny import build_tiny_model, save_tiny, train_bpe_tokenizer
 
     torch.set_num_threads(1)
     texts = (d.title + "\n" + d.text for d in WorldCorpus(1, 200).documents())
     tok = train_bpe_tokenizer(texts, vocab_size=400)
-    model = build_tiny_model(tok, hidden=32, layers=1, heads=2, max_positions=512, seed=0)
-    return save_tiny(model, tok, tmp_path_factory.mktemp("tiny") / "model")
+    return save_tiny(build_tiny_model(tok, layers=1, seed=0, **shape), tok, directory)
 
 
 @pytest.fixture(scope="session")

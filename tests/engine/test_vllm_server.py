@@ -531,7 +531,9 @@ def test_agent_episode_on_vllm_replays_the_learned_trajectory(server, models, tm
     torch.testing.assert_close([seg.logprobs[i] for i in gen], ref, atol=ATOL, rtol=0)
 
 
-def test_train_launches_a_vllm_server(vllm_python, train_command, subprocess_env, tmp_path) -> None:
+def test_train_launches_a_vllm_server(
+    vllm_python, save_world_model, train_command, subprocess_env, tmp_path
+) -> None:
     """`asearch train ... launcher=local rollout_servers.kind=vllm`: the launcher starts a vLLM server
     with the model in its engine-core process, every step's weights are reloaded in place, and the server
     is stopped when training ends."""
@@ -539,17 +541,11 @@ def test_train_launches_a_vllm_server(vllm_python, train_command, subprocess_env
 
     import psutil
 
-    from asearch.corpus.world import WorldCorpus
-    from asearch.models.tiny import build_tiny_model, save_tiny, train_bpe_tokenizer
-
     # The shared tiny world model ties its embeddings (reload would restart) and has head_dim 16 (below
-    # vLLM's CPU minimum of 32): this one has the same tokenizer corpus and neither.
-    torch.set_num_threads(1)
-    tok = train_bpe_tokenizer((d.title + "\n" + d.text for d in WorldCorpus(1, 200).documents()), vocab_size=400)
-    model = build_tiny_model(
-        tok, hidden=64, layers=1, heads=2, kv_heads=1, intermediate=128, max_positions=1024, seed=0, tie=False
+    # vLLM's CPU minimum of 32): this one has the same tokenizer and neither.
+    model_dir = save_world_model(
+        tmp_path / "model", hidden=64, heads=2, kv_heads=1, intermediate=128, max_positions=1024, tie=False
     )
-    model_dir = save_tiny(model, tok, tmp_path / "model")
     out, steps = tmp_path / "run", 4
     cmd = [
         *train_command(model_dir, out, steps),

@@ -234,14 +234,13 @@ class PolicyTrainer:
         )
         mb_tokens, mb_sizes = counts[: cfg.n_minibatches], counts[cfg.n_minibatches :]
 
-        # -- 1. proximal log-probs: the policy as it is before this step's updates. The first minibatch of the
-        # first epoch is trained before any update, so its own forward gives them (below): only the samples
-        # trained again after an update need this extra pass, none with one minibatch and one epoch (the default).
+        # -- 1. proximal log-probs: the policy as it is before this step's updates. The first minibatch is
+        # trained before any update, so its own forward gives them (below, kept for later epochs): only the
+        # other minibatches need this extra pass, and with one minibatch (the default) it is skipped.
         prox: dict[int, torch.Tensor] = {}
-        later = minibatches if cfg.epochs > 1 else minibatches[1:]
-        if cfg.prox == "recompute" and later:
+        if cfg.prox == "recompute" and cfg.n_minibatches > 1:
             with torch.no_grad():
-                for idx in self._micro_batches(samples, sorted(i for mb in later for i in mb)):
+                for idx in self._micro_batches(samples, sorted(i for mb in minibatches[1:] for i in mb)):
                     lp = sequence_logprobs(self.model, [samples[i] for i in idx] or [_NOOP], self.temperature, generated_only=True)
                     for r, i in enumerate(idx):
                         prox[i] = lp[r, : len(samples[i].token_ids)].cpu()
@@ -264,6 +263,8 @@ class PolicyTrainer:
                 adv = torch.tensor([s.advantage for s in rows])[:, None].expand(-1, longest)
                 if cfg.prox == "recompute" and u == 0:
                     prox_lp = logp.detach().cpu()  # no update yet: theta is the proximal policy
+                    for r, i in enumerate(idx):  # the next epoch trains these samples again
+                        prox[i] = prox_lp[r, : len(samples[i].token_ids)]
                 elif cfg.prox == "recompute":
                     prox_lp = _pad([prox[i].tolist() for i in idx] or [[0.0] * longest], longest)
                 else:
