@@ -51,8 +51,10 @@ test-all: install
 bench: install
 	$(BIN)/python bench/retrieval.py
 
+# ruff, then the package layers and the no-cycles rule ([tool.importlinter] in pyproject.toml).
 lint: install
 	$(BIN)/ruff check src tests bench
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) .pytest_cache build dist src/*.egg-info

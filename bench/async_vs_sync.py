@@ -187,13 +187,11 @@ class Generator:
                 threads=1, max_batch=rows, max_seq_len=args.max_positions, seed=args.seed
             )
             return cls(InProcessEngine(policy, tok, cfg=cfg))
-        from asearch.engine.http import HttpConfig
-        from asearch.engine.sglang import SGLangEngine, SGLangEngineConfig
+        from asearch.engine.registry import EngineConfig, make_engine
 
         url, init_dir, weights_dir = server
-        engine = SGLangEngine(
-            url, cfg=SGLangEngineConfig(http=HttpConfig(timeout_s=600, retries=2, max_concurrency=rows + 8))
-        )
+        http = {"timeout_s": 600, "retries": 2, "max_concurrency": rows + 8}
+        engine = make_engine(EngineConfig(kind="sglang", base_url=url, http=http))
         gen = cls(engine, url=url, weights_dir=weights_dir)
         # every setting starts from the same weights, labelled version 0, with empty caches
         await gen.admin.post_json(
@@ -242,7 +240,7 @@ async def run_setting(
 ) -> SettingResult:
     """Train `args.steps` steps at max_staleness = eta, from the same initial policy and questions.
 
-    The step is `asearch.rl.run.train`'s: wait for B groups -> advantages -> `train_step` in a worker
+    The step is `asearch.rl.loop.TrainingLoop`'s: wait for B groups -> advantages -> `train_step` in a worker
     thread (the event loop keeps driving episodes) -> push weights (in-flight requests continue under
     them) -> bump the version. Checkpoints, logging and evaluation are left out: they cost the same
     in every setting.
@@ -277,7 +275,7 @@ async def run_setting(
     agent_engine = engine if args.env_latency_ms <= 0 else EnvLatency(engine, args.env_latency_ms / 1000)
 
     async def episode(sample: dict[str, Any], k: int):
-        return await run_episode(
+        traj = await run_episode(
             agent_engine,
             tok,
             {},  # no tool is ever called: the policy is random (see KEEP_SEARCHING)
@@ -287,11 +285,10 @@ async def run_setting(
             seed=(args.seed * 1_000_003 + sample["id"]) * 1024 + k,  # same tokens' seeds in every setting
             metadata={"k": k},
         )
-
-    def reward(traj, sample) -> float:
         # Throughput does not depend on what is rewarded; 0/1 alternating within a group gives every
         # group a nonzero advantage (none dropped as zero-variance), identically in every setting.
-        return float(traj.metadata["k"] % 2)
+        traj.reward = float(k % 2)
+        return traj
 
     controller = RolloutController(
         ControllerConfig(
@@ -299,7 +296,6 @@ async def run_setting(
         ),
         question_stream(turns),
         episode,
-        reward,
     )
     wait_s = train_s = sync_s = train_cpu_s = 0.0
     staleness: list[int] = []

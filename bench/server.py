@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from retrieval import synth_passages  # noqa: E402  (the engine bench's corpus generator)
+from synthetic import synth_passages  # noqa: E402  (the engine bench's corpus generator)
 
 TOPK = 5
 

@@ -27,10 +27,10 @@ RESULTS = Path(__file__).parent / "results" / "train_speed.md"
 
 def demo_samples(n_questions: int):
     """Expert episodes of the demo (facts pages, top-2 compact results, p_skip 0.75) on one world, with its BPE."""
+    from asearch.agent.expert import WorldExpert, plan_from_record
     from asearch.agent.loop import AgentConfig, run_episode
     from asearch.agent.runtime import ToolsConfig, build_tools
     from asearch.corpus.world import WorldCorpus
-    from asearch.demo.expert import WorldExpert, plan_from_record
     from asearch.demo.pipeline import DEMO_STYLE, _tokenizer_texts
     from asearch.demo.worlds import world_records
     from asearch.engine.scripted import ScriptedEngine

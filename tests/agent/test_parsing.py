@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from asearch.agent.parsing import parse_action
+from asearch.agent.parsing import Action, action_tags, parse_action
+from asearch.tools import SearchTool
+from asearch.tools.find import FindTool
 
 
 @pytest.mark.parametrize(
@@ -18,7 +20,7 @@ from asearch.agent.parsing import parse_action
     ],
 )
 def test_valid_actions(text, kind, arg):
-    a = parse_action(text)
+    a = parse_action(text, ("search", "access", "answer"))
     assert (a.kind, a.argument, a.error) == (kind, arg, None)
 
 
@@ -40,3 +42,22 @@ def test_malformed_turns_explain_themselves(text, allowed, needle):
     a = parse_action(text, allowed)
     assert a.kind is None
     assert needle in a.error
+
+
+def test_the_tags_come_from_the_tools():
+    tools = {"search": SearchTool(_NoHits()), "find": FindTool()}
+    tags = action_tags(tools)
+    assert list(tags)[:3] == ["search", "find", "answer"] and tags["find"] == "phrase"
+    assert "access" in tags  # registered but not given: known, so writing it is "not available", not "no action"
+    allowed = ("search", "find", "answer")
+    assert parse_action("<think>x</think><find>born in</find>", allowed, tags) == Action("find", "born in")
+    assert parse_action("<find> </find>", allowed, tags).error == "<find> is empty: put the phrase between the tags"
+    assert parse_action("<search></search>", allowed, tags).error.endswith("put the query between the tags")
+    assert "<access> is not available here" in parse_action("<access>u</access>", allowed, tags).error
+    # a tag no tool registers is plain text
+    assert parse_action("<calc>1+1</calc>", allowed, tags).error.startswith("no action")
+
+
+class _NoHits:
+    async def search(self, queries, topk):
+        return [[] for _ in queries]

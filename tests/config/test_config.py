@@ -71,6 +71,11 @@ def test_missing_file_and_malformed_override(tmp_path):
         apply_overrides({}, ["novalue"])
 
 
+def test_override_values_parse_as_yaml_scalars_lists_and_flow_mappings():
+    data = apply_overrides({}, ["a=3", "b=true", "c=[x, y]", "d={k: 1}", "e=null", "f=query: ", "g=a: b: c", "h="])
+    assert data == {"a": 3, "b": True, "c": ["x", "y"], "d": {"k": 1}, "e": None, "f": "query: ", "g": "a: b: c", "h": ""}
+
+
 def test_dump_round_trip(tmp_path):
     cfg = load_config(Outer, None, ["inner.k1=2.0", "name=abc"])
     dump_config(cfg, tmp_path / "resolved.yaml")

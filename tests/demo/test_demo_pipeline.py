@@ -17,9 +17,10 @@ pytest.importorskip("matplotlib")
 TOY = [
     "world_entities=150", "heldout_entities=150", "train_questions=30", "rl_questions=6", "heldout_questions=9",
     "heldout_during_rl=3", "expert_episodes=30", "vocab_size=400", "hidden=32", "layers=1", "heads=2",
-    "sft.steps=3", "sft.batch_size=4", "train_worlds=2", "rl_seconds=15", "rl_steps=2", "eval_every_s=1", "setup_threads=1",
-    "rollout.batch_size=1", "rollout.group_size=2", "rollout.max_concurrent=2", "max_turns=3",
-    "rollout.drop_zero_variance=false",  # an untrained toy model earns 0 everywhere: keep its groups
+    "sft.steps=3", "sft.batch_size=4", "train_worlds=2", "rl.max_rl_seconds=15", "rl.steps=2", "rl.heldout.every_s=1",
+    "setup_threads=1", "rl.rollout.batch_size=1", "rl.rollout.group_size=2", "rl.rollout.max_concurrent=2",
+    "rl.agent.max_turns=3",
+    "rl.rollout.drop_zero_variance=false",  # an untrained toy model earns 0 everywhere: keep its groups
 ]  # fmt: skip
 
 

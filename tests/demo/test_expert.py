@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asearch.demo.expert import Plan, WorldExpert, act
+from asearch.agent.expert import Plan, WorldExpert, act
 
 Q = "Who founded the employer of Ann Lee's spouse?"
 PLAN = Plan(entities=("Ann Lee", "Bo Kim", "Kim Works"), values=("Bo Kim", "Kim Works", "Cy Dorn"))

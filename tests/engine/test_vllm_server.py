@@ -485,6 +485,7 @@ def test_agent_episode_on_vllm_replays_the_learned_trajectory(server, models, tm
     from asearch.engine.scripted import ScriptedEngine
     from asearch.metrics.reward import RewardConfig, compute_reward
     from asearch.models.tiny import build_tiny_model, save_tiny
+    from asearch.rl.optim import OptimConfig
     from asearch.rl.sft import SFTConfig, sft, trajectories_to_samples
 
     sup, url = server
@@ -503,7 +504,7 @@ def test_agent_episode_on_vllm_replays_the_learned_trajectory(server, models, tm
 
     # A fresh model of the served shape learns the episode by heart (a few seconds on one thread).
     model = build_tiny_model(tok, hidden=64, layers=2, heads=2, kv_heads=1, intermediate=128, max_positions=MAX_LEN, seed=3, tie=TIE)
-    losses = sft(model, trajectories_to_samples([demo]), SFTConfig(steps=150, batch_size=1, lr=1e-2, warmup_steps=5))
+    losses = sft(model, trajectories_to_samples([demo]), SFTConfig(steps=150, batch_size=1, optim=OptimConfig(lr=1e-2, weight_decay=0.01, warmup_steps=5, schedule="cosine")))
     assert losses[-1] < 0.05, f"the model did not learn the episode (loss {losses[-1]:.3f})"
     learned = save_tiny(model, tok, tmp_path / "learned")
 

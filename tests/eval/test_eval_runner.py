@@ -294,3 +294,47 @@ def test_evaluate_async_runs_inside_a_running_loop(tmp_path):
         return await evaluate_async(make_solve(), make_records(5), out_dir=tmp_path, progress=False)
 
     assert asyncio.run(main()).written == 5
+
+
+class _Workflow:
+    """A rollout workflow whose episodes answer the record's id; it rejects the records marked `reject`."""
+
+    def __init__(self):
+        from collections import Counter
+
+        self.rejected = Counter()
+
+    async def arun_episode(self, engine, item, **ids):
+        from asearch.agent.trajectory import Trajectory
+
+        if item.metadata.get("reject"):
+            self.rejected["abort"] += 1
+            return None
+        return Trajectory(id=ids.get("trajectory_id", item.id), question=item.question, style="x",
+                          answer=item.id, finish="answer", score=float(item.golds[0] == item.id))  # fmt: skip
+
+
+def _records(*rows):
+    from asearch.eval.records import QARecord
+
+    return [QARecord(id=i, question="q?", golds=[g], dataset="d", metadata=m) for i, g, m in rows]
+
+
+def test_evaluate_workflow_is_the_mean_score_with_rejections_as_zero():
+    from asearch.eval.runner import evaluate_workflow
+
+    records = _records(("a", "a", {}), ("b", "x", {}), ("c", "c", {}), ("d", "d", {"reject": True}))
+    scores = asyncio.run(evaluate_workflow(_Workflow(), None, records, concurrency=2))
+    assert [t.answer if t else None for t in scores.trajectories] == ["a", "b", "c", None]  # the records' order
+    assert scores.mean_score == pytest.approx(2 / 4)
+
+
+def test_a_rejected_episode_is_a_failed_question_retried_by_the_next_run(tmp_path):
+    from asearch.eval.runner import workflow_solver
+
+    flow = _Workflow()
+    records = _records(("a", "a", {}), ("d", "d", {"reject": True}))
+    s = evaluate(workflow_solver(flow, None), records, out_dir=tmp_path, progress=False)
+    assert (s.written, s.failed) == (1, 1) and keys(tmp_path) == [("d", "a", 0)]
+    error = json.loads((tmp_path / "errors.jsonl").read_text())
+    assert error["id"] == "d" and "rejected the episode" in error["error"] and "'abort': 1" in error["error"]

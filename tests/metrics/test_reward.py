@@ -94,9 +94,22 @@ def test_format_gate_is_all_or_nothing(bad_turn, reason):
 
 
 def test_format_gate_accepts_what_the_loop_produces():
-    assert check_format(GOOD) is None
-    assert check_format([act("<search>no think is fine</search>", "search")]) is None
-    assert check_format([]) is None
+    tags = ("search", "access", "answer")
+    assert check_format(GOOD, tags) is None
+    assert check_format([act("<search>no think is fine</search>", "search")], tags) is None
+    assert check_format([], tags) is None
+
+
+def test_format_gate_knows_the_agents_own_action_tags():
+    summary_with_find = read("then <find>born in</find></summary>")
+    with_find = traj("Oslen", GOOD[0], summary_with_find, GOOD[2])
+    with_find.action_tags = ["search", "access", "find", "answer"]  # what the loop records for its tools
+    r = compute_reward(with_find, ["Oslen"])
+    assert not r.format_ok and "action tag <find> inside a summary" in r.reason
+    # trajectories recorded before they carried tags keep today's: search, access, answer
+    untagged = traj("Oslen", GOOD[0], summary_with_find, GOOD[2])
+    assert compute_reward(untagged, ["Oslen"]).format_ok
+    assert not compute_reward(untagged, ["Oslen"], action_tags=["find", "answer"]).format_ok
 
 
 def test_trajectory_dicts_score_the_same():
@@ -131,6 +144,7 @@ def test_on_trajectories_from_the_real_loop(replies, reward, format_ok):
     tok = _CharTokenizer()
     engine = ScriptedEngine(tok, lambda prompt: queue.pop(0))
     t = asyncio.run(run_episode(engine, tok, {}, "Where?", AgentConfig(style="search-r1", max_turns=3)))
+    assert {"search", "answer"} <= set(t.action_tags)  # the loop records what its parser read as actions
     r = compute_reward(t, ["Oslen"], RewardConfig(invalid_answer_penalty=-0.5))
     assert (r.reward, r.format_ok) == (reward, format_ok), r.reason
 

@@ -16,7 +16,7 @@ def _traj(version_at_start: int, version_at_end: int, reward: float) -> Trajecto
     seg = Segment()
     seg.extend_context([1, 2])
     seg.extend_generated([3, 4], [0.0, 0.0], [version_at_start, version_at_end])
-    return Trajectory(id="t", question="q", style="x", segments=[seg], answer=str(reward), finish="answer")
+    return Trajectory(id="t", question="q", style="x", segments=[seg], answer=str(reward), finish="answer", reward=reward)
 
 
 def _simulate(seed: int, eta: int, steps: int, kill_at: int | None, order: str = "finished"):
@@ -44,7 +44,7 @@ def _simulate(seed: int, eta: int, steps: int, kill_at: int | None, order: str =
             parts = RolloutController.restore_parts(state) if state else {}
             start = parts.get("data_position", 0)
             data = iter([(i, f"q{i}") for i in range(start, n_data)])
-            ctl = RolloutController(cfg, data, episode, lambda t, s: float(t.answer), **parts)
+            ctl = RolloutController(cfg, data, episode, **parts)
             holder["ctl"] = ctl
             ctl.start()
             return ctl
@@ -101,3 +101,41 @@ def test_bound_and_no_loss_across_kill_and_resume(seed, eta, order):
     assert worst <= eta
     assert len(set(trained)) == len(trained) == 30
     assert rejected.get("error", 0) > 0  # failures are counted by cause (and the accounting above holds)
+
+
+def test_a_group_with_a_rejected_episode_is_rejected_and_counted() -> None:
+    """The workflow returns None for an episode it rejects: the group cannot be compared within itself."""
+    cfg = ControllerConfig(batch_size=1, group_size=2, max_staleness=0, max_concurrent=1, drop_zero_variance=False)
+
+    async def episode(sample, k):
+        return None if sample == "bad" and k == 1 else _traj(0, 0, float(k))
+
+    async def main():
+        ctl = RolloutController(cfg, iter([(0, "bad"), (1, "good")]), episode)
+        ctl.start()
+        batch = await ctl.get_batch()
+        await ctl.close()
+        return batch, dict(ctl.rejected)
+
+    batch, rejected = asyncio.run(main())
+    assert [g.sample for g in batch] == ["good"] and batch[0].rewards == [0.0, 1.0]
+    assert rejected == {"rejected_episode": 1}
+
+
+def test_an_unscored_trajectory_is_an_error_not_a_zero_reward() -> None:
+    cfg = ControllerConfig(batch_size=1, group_size=1, max_staleness=0, max_concurrent=1, drop_zero_variance=False)
+
+    async def episode(sample, k):
+        t = _traj(0, 0, 1.0)
+        t.reward = None if sample == "unscored" else 1.0
+        return t
+
+    async def main():
+        ctl = RolloutController(cfg, iter([(0, "unscored"), (1, "scored")]), episode)
+        ctl.start()
+        batch = await ctl.get_batch()
+        await ctl.close()
+        return batch, dict(ctl.rejected), ctl.errors
+
+    batch, rejected, errors = asyncio.run(main())
+    assert [g.sample for g in batch] == ["scored"] and rejected == {"error": 1} and "unscored" in errors[0]

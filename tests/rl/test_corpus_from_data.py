@@ -6,11 +6,10 @@ import asyncio
 
 import pytest
 
-from asearch.agent.runtime import ToolsConfig
 from asearch.errors import ConfigError
 from asearch.eval.builtin import WorldSetSpec, world_questions
-from asearch.rl.run import TrainConfig, _tools_per_corpus
-from asearch.tools import run_tool
+from asearch.launch.train import TrainConfig, _tools_per_corpus
+from asearch.tools import ToolsConfig, run_tool
 
 
 def _records(seed: int) -> list[dict]:

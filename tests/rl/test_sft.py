@@ -7,10 +7,14 @@ import copy
 import pytest
 import torch
 
+from asearch.rl.optim import OptimConfig
 from asearch.rl.sft import SFTConfig, repeated_bigrams, sft
 from asearch.rl.trainer import Sample, sequence_logprobs
 
 torch.set_num_threads(1)
+
+# SFT's default schedule (cosine, weight decay 0.01) at a high peak lr and without warmup: fast on tiny data.
+HIGH_LR = OptimConfig(lr=1e-2, weight_decay=0.01, schedule="cosine")
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +59,7 @@ def test_context_loss_teaches_the_read_tokens_too(model_and_samples):
     trained = {}
     for w in (0.0, 1.0):
         m = copy.deepcopy(model)
-        sft(m, samples, SFTConfig(steps=30, batch_size=2, lr=1e-2, warmup_steps=0, context_loss_weight=w))
+        sft(m, samples, SFTConfig(steps=30, batch_size=2, optim=HIGH_LR, context_loss_weight=w))
         trained[w] = ctx_nll(m)
     assert trained[1.0] < 0.5 * before
     assert trained[1.0] < 0.5 * trained[0.0]
@@ -71,7 +75,7 @@ def test_bf16_autocast_gives_the_same_first_loss_and_learns(model_and_samples):
     fast = sft(m, samples, cfg.model_copy(update={"bf16": True}))[0]
     assert fast == pytest.approx(exact, rel=2e-2) and fast != exact
     assert all(p.dtype == torch.float32 for p in m.parameters())
-    losses = sft(copy.deepcopy(model), samples, SFTConfig(steps=30, batch_size=2, lr=1e-2, warmup_steps=0, bf16=True))
+    losses = sft(copy.deepcopy(model), samples, SFTConfig(steps=30, batch_size=2, optim=HIGH_LR, bf16=True))
     assert losses[-1] < 0.5 * losses[0]
 
 
@@ -98,3 +102,9 @@ def test_repeated_context_loss_covers_only_read_tokens_a_copy_could_predict(mode
             den += weight
     cfg = SFTConfig(steps=1, batch_size=2, context_loss_weight=0.5, context_tokens="repeated")
     assert sft(copy.deepcopy(model), samples, cfg)[0] == pytest.approx(num / den, rel=1e-5)
+
+
+def test_the_optimiser_keys_that_moved_into_optim_are_named():
+    with pytest.raises(ValueError, match=r"lr, warmup_steps: .*sft\.lr -> sft\.optim\.lr"):
+        SFTConfig.model_validate({"lr": 3e-3, "warmup_steps": 5})
+    assert SFTConfig(optim=OptimConfig(lr=3e-3)).optim.lr == 3e-3

@@ -136,7 +136,7 @@ def config(url: str, **over) -> SynthConfig:
         "min_edits": 1,
         "concurrency": 4,
         "llm": {"corpus": WORLD.name, "generator": endpoint},
-        "solver": {"kind": "chat", "model": "scripted", "base_url": url, "k": 2},
+        "solver": {"engine": {"kind": "openai", "model": "scripted", "base_url": url}, "k": 2},
         "grading": {"method": "judge"},
     }
     base.update(over)

@@ -68,7 +68,7 @@ def config(url: str, **over) -> SynthConfig:
         "concurrency": 8,
         "id_prefix": "t",
         "graph": dict(WORLD),
-        "solver": {"kind": "chat", "model": "memory", "base_url": url, "k": 3},
+        "solver": {"engine": {"kind": "openai", "model": "memory", "base_url": url}, "k": 3},
         "grading": {"method": "em"},
     }
     for key, value in over.items():

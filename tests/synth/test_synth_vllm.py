@@ -69,9 +69,7 @@ def test_llm_pipeline_end_to_end_on_smollm2(smollm2_server, tmp_path):
             "concurrency": 6,
             "llm": {"corpus": "world:seed=7,entities=300", "generator": endpoint, "page_chars": 600},
             "solver": {
-                "kind": "chat",
-                "model": "smollm2",
-                "base_url": smollm2_server,
+                "engine": {"kind": "openai", "model": "smollm2", "base_url": smollm2_server},
                 "k": 2,
                 "max_tokens": 16,
             },

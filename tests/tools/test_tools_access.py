@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import re
 
 import pytest
 
 from asearch.corpus.types import Page
 from asearch.retrieval.client import RetrievalClient
 from asearch.retrieval.server import create_app, serve_in_thread
-from asearch.tools import AccessTool, AccessToolConfig, run_tool
+from asearch.tools import AccessTool, AccessToolConfig, EpisodeContext, run_tool
 
 
 class DictPages:
@@ -142,6 +141,12 @@ def test_remote_backend_gives_the_same_chunks():
     assert missing.metadata["found"] is False and "not in the corpus" in missing.text
 
 
-def test_description_states_the_limits():
-    d = AccessTool(DictPages(PAGES)).description
-    assert re.search(r"10 parts of 25,000 characters", d)
+def test_description_is_its_line_in_the_prompt():
+    assert AccessTool(DictPages(PAGES)).description == "<access>url</access> shows the full page at a url"
+
+
+def test_the_page_shown_is_recorded_in_the_episode():
+    episode = EpisodeContext()
+    run(run_tool(AccessTool(DictPages(PAGES)), MID.url, episode=episode))
+    run(run_tool(AccessTool(DictPages(PAGES)), "https://w.test/Nowhere", episode=episode))  # not found: not a page
+    assert [p.url for p in episode.pages] == [MID.url] and episode.last_page == MID

@@ -14,11 +14,16 @@ from asearch.errors import ConfigError, RemoteError, ToolError
 from asearch.retrieval.base import SearchHit
 from asearch.tools import (
     AccessTool,
+    EpisodeContext,
     Observation,
     SearchTool,
     Tool,
     ToolArgumentError,
+    ToolsConfig,
+    ToolSources,
     available_tools,
+    build_tools,
+    configurable_tools,
     make_tool,
     register_tool,
     registry,
@@ -100,7 +105,7 @@ class _Raising:
     def parse(self, raw: str) -> str:
         return raw
 
-    async def call(self, args: str) -> Observation:
+    async def call(self, args: str, episode: EpisodeContext) -> Observation:
         raise self.exc
 
 
@@ -157,7 +162,7 @@ def test_adding_a_tool_is_one_registered_class(monkeypatch):
             except ValueError:
                 raise ToolArgumentError(f"{raw.strip()!r} is not a sum of integers") from None
 
-        async def call(self, args: list[int]) -> Observation:
+        async def call(self, args: list[int], episode: EpisodeContext) -> Observation:
             return Observation(text=str(sum(args)), metadata={"terms": len(args)})
 
     assert "calculate" in available_tools()
@@ -171,3 +176,85 @@ def test_adding_a_tool_is_one_registered_class(monkeypatch):
         @register_tool("calculate")
         class Other:
             pass
+
+
+def test_each_call_gets_its_episode_and_a_call_outside_one_a_fresh_one():
+    seen = []
+
+    @dataclass
+    class Recorder:
+        name: str = "recorder"
+        description: str = "records"
+
+        def parse(self, raw: str) -> str:
+            return raw
+
+        async def call(self, args: str, episode: EpisodeContext) -> Observation:
+            seen.append(episode)
+            return Observation(text=args)
+
+    mine = EpisodeContext()
+    run(run_tool(Recorder(), "a", episode=mine))
+    run(run_tool(Recorder(), "b"))
+    run(run_tool(Recorder(), "c"))
+    assert seen[0] is mine and seen[1] is not mine and seen[1] is not seen[2]
+
+
+# --------------------------------------------------------------------------- config: the registry builds the tools
+
+
+def test_tools_config_has_a_section_per_configurable_tool_in_prompt_order():
+    assert [t.name for t in configurable_tools()][:3] == ["search", "access", "find"]
+    assert {"search", "access", "find"} <= set(ToolsConfig.model_fields)
+    cfg = ToolsConfig()
+    assert list(cfg.enabled_tools()) == ["search", "access"]  # find is off by default
+    assert list(ToolsConfig(find={}).enabled_tools()) == ["search", "access", "find"]
+    assert list(ToolsConfig(find=True, access=False).enabled_tools()) == ["search", "find"]
+    assert ToolsConfig(find={"context_chars": 50}).find.context_chars == 50
+    assert ToolsConfig.model_validate(ToolsConfig(find={}).model_dump(mode="json")) == ToolsConfig(find={})
+    with pytest.raises(ValueError, match="give only one of"):
+        ToolsConfig(index="/x", server_url="http://127.0.0.1:1")
+
+
+def test_adding_a_configurable_tool_gives_it_a_config_section_and_builds_it(monkeypatch):
+    from asearch.config import Config
+    from asearch.tools import build as build_module
+
+    monkeypatch.setattr(registry, "_FACTORIES", dict(registry._FACTORIES))  # undone after the test
+
+    class EchoConfig(Config):
+        """How `echo` repeats."""
+
+        times: int = 2
+
+    @register_tool
+    class Echo:
+        name = "echo"
+        description = "<echo>text</echo> repeats the text"
+        config_class = EchoConfig
+        enabled_by_default = True
+
+        def __init__(self, config: EchoConfig, pages):
+            self.config, self.pages = config, pages
+
+        @classmethod
+        def from_sources(cls, sources, config):
+            return cls(config, sources.pages)
+
+        def parse(self, raw: str) -> str:
+            return raw
+
+        async def call(self, args: str, episode: EpisodeContext) -> Observation:
+            return Observation(text=" ".join([args] * self.config.times))
+
+    config_model = build_module._tools_config_model()
+    cfg = config_model(index="/not/used", echo={"times": 3})
+    assert "The `echo` tool" in config_model.model_fields["echo"].description
+    pages = OnePage()
+    monkeypatch.setattr(
+        build_module, "open_sources", lambda cfg, progress: (ToolSources(search=SleepyRetriever(0), pages=pages), [])
+    )
+    tools, _ = build_tools(cfg, progress=False)
+    assert list(tools) == ["search", "access", "echo"]  # after the built-in ones: no `order` given
+    assert tools["echo"].pages is pages and run(run_tool(tools["echo"], "hi")).text == "hi hi hi"
+    assert isinstance(tools["search"], SearchTool) and isinstance(tools["access"], AccessTool)

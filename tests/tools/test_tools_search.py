@@ -91,7 +91,7 @@ def test_urls_can_be_left_out():
     obs = run(run_tool(tool, "volcano"))
     assert obs.text == '[Doc 1]:\n"Long Read"\nv\n\n[Doc 2]:\n"Short"\na vol'
     assert obs.metadata["urls"] == ["https://w.test/Long_Read", "https://w.test/Short"]  # still recorded
-    assert "[Doc k]:" in tool.description
+    assert "urls" not in tool.description  # the prompt does not promise them
 
 
 def test_compact_results_are_one_line_each_without_the_title_line():
@@ -99,7 +99,6 @@ def test_compact_results_are_one_line_each_without_the_title_line():
     tool = SearchTool(OverlapRetriever(PASSAGES), cfg)
     obs = run(run_tool(tool, "volcano"))
     assert obs.text == f"[Doc 1] {PASSAGES[0].text[:13]}\n[Doc 2] a volcano eru"  # no quoted title line
-    assert "one line" in tool.description
 
 
 def test_no_results_says_so_with_the_query():
@@ -167,5 +166,8 @@ def test_remote_server_down_is_an_observation():
     assert "ConnectError" in obs.text
 
 
-def test_description_mentions_topk():
-    assert "top 7 passages" in SearchTool(OverlapRetriever(PASSAGES), {"topk": 7}).description
+def test_description_is_its_line_in_the_prompt():
+    # byte for byte the line the asearcher prompt had before prompts were rendered from the tools
+    assert SearchTool(OverlapRetriever(PASSAGES)).description == (
+        "<search>keywords</search> searches the encyclopedia and shows the top passages with their urls"
+    )

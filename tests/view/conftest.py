@@ -126,12 +126,12 @@ def make_train_run(world: World, path: Path, steps: int = 6) -> RunDir:
             policy = scripted(query, answer, f"{answer} (sample {k})", sloppy=k == 0 and step % 2 == 0)
             traj = asyncio.run(world.episode(question, policy, version=max(0, step - 1 - k % 2)))
             res = compute_reward(traj, [gold], RewardConfig(metric="em", invalid_answer_penalty=-0.5))
-            traj.reward, traj.metadata["score"] = res.reward, res.score
+            traj.reward, traj.score = res.reward, res.score
             trajs.append(traj)
         n = len(trajs)
-        metrics = {  # the names `asearch.rl.run._rollout_metrics` writes
+        metrics = {  # the names `asearch.rl.loop.rollout_metrics` writes
             "rollout/reward_mean": sum(t.reward for t in trajs) / n,
-            "rollout/accuracy": sum(t.metadata["score"] for t in trajs) / n,
+            "rollout/accuracy": sum(t.score for t in trajs) / n,
             "rollout/turns_mean": sum(t.num_turns for t in trajs) / n,
             "rollout/searches_mean": sum(t.counters.get("searches", 0) for t in trajs) / n,
             "rollout/gen_tokens_mean": sum(t.generated_tokens for t in trajs) / n,

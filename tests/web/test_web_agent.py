@@ -20,7 +20,7 @@ from asearch.web import (
     WebConfig,
     WebPageBackend,
     WebRuntime,
-    build_web_tools,
+    open_web,
 )
 
 QUESTION = "Where was Ada Varn born?"
@@ -112,13 +112,13 @@ def test_run_metrics_show_cache_hit_rate_and_costs(fake_web, tokenizer, tmp_path
             "fetch": {"guard": {"allow_hosts": [f"127.0.0.1:{fake_web.port}"]}},
             "cache": CacheConfig(path=str(tmp_path / "web.sqlite")).model_dump(),
             "cost": {"per_call_usd": {"serper": 0.001, "direct": 0.0}, "budget_usd": 1.0},
-            "search_tool": {"topk": 3},
         }
     )
-    web = build_web_tools(cfg)
+    web = open_web(cfg)
+    tools = {"search": SearchTool(web.search, {"topk": 3}), "access": AccessTool(web.pages)}
     run = RunDir(tmp_path / "run", tensorboard=False)
     for step in (1, 2):
-        traj = episode(tokenizer, web.tools)
+        traj = episode(tokenizer, tools)
         assert traj.answer == "Oslen"
         run.log(step, {"rollout/reward": 1.0, **web.metrics(end_step=True)})
     asyncio.run(web.aclose())

@@ -19,9 +19,9 @@ from asearch.web import (
     WebConfig,
     WebPageBackend,
     WebRuntime,
-    build_web_tools,
     normalize_query,
     normalize_url_key,
+    open_web,
 )
 
 
@@ -88,27 +88,28 @@ def test_cache_only_replays_without_any_server(fake_web, tmp_path, monkeypatch):
             "cache": {"path": str(path)},
         }
     )
-    recorded = build_web_tools(cfg)
+    recorded = open_web(cfg)
     page_url, gone_url = fake_web.url("brightwell"), fake_web.url("atlantis")
 
-    async def session(tools):
-        s = await run_tool(tools["search"], "Brightwell founded")
-        a = await run_tool(tools["access"], page_url)
-        gone = await run_tool(tools["access"], gone_url)
+    async def session(web):
+        search, access = SearchTool(web.search), AccessTool(web.pages)
+        s = await run_tool(search, "Brightwell founded")
+        a = await run_tool(access, page_url)
+        gone = await run_tool(access, gone_url)
         return s, a, gone
 
-    live = asyncio.run(session(recorded.tools))
+    live = asyncio.run(session(recorded))
     asyncio.run(recorded.aclose())
     fake_web.stop()  # nothing answers any more, and no key is needed
     monkeypatch.delenv("SERPER_API_KEY")
 
-    replay = build_web_tools(cfg.model_copy(update={"cache": CacheConfig(path=str(path), mode="cache_only")}))
-    again = asyncio.run(session(replay.tools))
+    replay = open_web(cfg.model_copy(update={"cache": CacheConfig(path=str(path), mode="cache_only")}))
+    again = asyncio.run(session(replay))
     assert [o.text for o in again] == [o.text for o in live]
     assert live[2].error and "HTTP 404" in live[2].text  # the 404 was recorded and replays as such
     assert replay.runtime.cache.stats()["hits"] == 3 and replay.runtime.cache.stats()["hit_rate"] == 1.0
 
-    miss = asyncio.run(run_tool(replay.tools["search"], "never asked before"))
+    miss = asyncio.run(run_tool(SearchTool(replay.search), "never asked before"))
     assert miss.error and "cache_only mode" in miss.text and "no request is made" in miss.text
     asyncio.run(replay.aclose())
 

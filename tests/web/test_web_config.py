@@ -67,8 +67,8 @@ def test_web_tools_are_a_tools_source_in_the_runtime_config(fake_web, tmp_path):
 
     with pytest.raises(ConfigError, match="give only one of"):
         load_config(RuntimeConfig, None, ["tools.web.search=serper", "tools.server_url=http://127.0.0.1:1"])
-    with pytest.raises(ConfigError, match="tools.search / tools.access"):
-        load_config(RuntimeConfig, None, ["tools.web.search_tool.topk=3"])
+    with pytest.raises(ConfigError, match="unknown key 'tools.web.search_tool'"):
+        load_config(RuntimeConfig, None, ["tools.web.search_tool.topk=3"])  # tool options live in tools.search
     with pytest.raises(ConfigError, match="unknown key 'tools.web.serper.api_key'"):
         load_config(RuntimeConfig, None, ["tools.web.serper.api_key=sk-x"])  # keys only from the environment
 
@@ -135,8 +135,8 @@ def test_eval_over_the_web_reports_cache_and_cost_and_replays_cache_only(
 
 def test_train_logs_web_counters_every_step(fake_web, tokenizer, tmp_path):
     """A one-step RL run of a random tiny model on web tools: metrics.jsonl carries the web/ counters."""
+    from asearch.launch.train import TrainConfig, train
     from asearch.models.tiny import build_tiny_model
-    from asearch.rl.run import TrainConfig, train
     from asearch.runs import RunDir
 
     data = tmp_path / "train.jsonl"

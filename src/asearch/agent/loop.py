@@ -12,16 +12,17 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
 from pydantic import Field, model_validator
 
-from asearch.agent.parsing import parse_action
+from asearch.agent.parsing import ANSWER, Action, action_tags, parse_action
 from asearch.agent.styles import AgentStyle, get_style
 from asearch.agent.trajectory import Segment, Trajectory, Turn
 from asearch.config import Config
 from asearch.engine.types import Engine, GenerateRequest, GenerateResponse, SamplingParams
-from asearch.tools import Tool, run_tool
+from asearch.tools import EpisodeContext, Tool, run_tool, tool_counter
 
 _TRAILING_SPECIAL = re.compile(r"(?:\s*<\|[^|<>]{1,40}\|>)+\s*$")  # end-of-turn tokens like <|im_end|>
 
@@ -29,7 +30,11 @@ _TRAILING_SPECIAL = re.compile(r"(?:\s*<\|[^|<>]{1,40}\|>)+\s*$")  # end-of-turn
 class AgentConfig(Config):
     """Limits and sampling for one episode."""
 
-    style: str = Field("asearcher", description="asearcher | reasoning | search-r1")
+    style: str = Field(
+        "asearcher",
+        description="asearcher | reasoning | guided | search-r1 (docs/agent.md). `ask` and `eval` give small "
+        "instruct models guided unless a style is set.",
+    )
     style_options: dict[str, Any] = Field(
         default_factory=dict, description="Overrides of the style's fields."
     )
@@ -85,70 +90,136 @@ async def run_episode(
 
     `on_turn` sees each turn once it is complete (its tool result included), e.g. for a live view.
     """
-    style = cfg.resolved_style()
-    traj = Trajectory(id=trajectory_id or uuid.uuid4().hex, question=question, style=style.name)
-    traj.metadata.update(metadata or {})
-    ctx = _Context(style, tokenizer, question, traj)
-    stop_ids = _stop_token_ids(tokenizer)
-    pending_blocks: list[str] = []  # tool output waiting for a reading turn each
-    actions_done = 0
-    t_start = time.perf_counter()
-    shown = 0
+    episode = _Episode(engine, tokenizer, tools, question, cfg, trajectory_id=trajectory_id, seed=seed)
+    episode.traj.metadata.update(metadata or {})
+    return await episode.run(on_turn)
 
-    while True:
-        if on_turn is not None:
-            for turn in traj.turns[shown:]:
-                on_turn(turn)
-            shown = len(traj.turns)
-        if traj.num_turns >= cfg.max_turns:
-            traj.finish = "max_turns"
-            break
 
-        # -- 1. what kind of turn, and what the model is told right before it
+@dataclass(frozen=True, slots=True)
+class _TurnPlan:
+    """What the next LLM call is: its kind, the actions it may take, the context added right before it
+    (`suffix`, which ends with `prefix`, the text the loop opens an act turn with) and its stop strings."""
+
+    kind: Literal["act", "read"]
+    allowed: tuple[str, ...]
+    suffix: str
+    prefix: str
+    stop: list[str]
+
+
+class _Episode:
+    """One episode in progress: the trajectory being recorded, its token context, the result blocks
+    waiting for a reading turn, and the tools' state for this episode (`EpisodeContext`)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Tokenizer,
+        tools: Mapping[str, Tool],
+        question: str,
+        cfg: AgentConfig,
+        *,
+        trajectory_id: str | None,
+        seed: int | None,
+    ):
+        self.engine, self.tools, self.cfg, self.seed = engine, tools, cfg, seed
+        self.style = style = cfg.resolved_style()
+        self.actions = style.allowed_actions(tools)
+        self.tags = action_tags(tools)
+        for tag in self.actions:  # a style may name an action without its tool (a tool error when used)
+            self.tags.setdefault(tag, "argument")
+        traj_id = trajectory_id or uuid.uuid4().hex
+        self.traj = Trajectory(id=traj_id, question=question, style=style.name, action_tags=list(self.tags))
+        self.ctx = _Context(style, tokenizer, question, self.traj, style.render_system_prompt(tools))
+        self.stop_ids = _stop_token_ids(tokenizer)
+        self.tool_state = EpisodeContext()
+        self.pending_blocks: list[str] = []  # tool output waiting for a reading turn each
+        self.actions_done = 0
+
+    async def run(self, on_turn: Callable[[Turn], None] | None) -> Trajectory:
+        """Turn after turn until an answer or a limit; then the totals."""
+        traj, t_start, shown = self.traj, time.perf_counter(), 0
+        while True:
+            shown = _report_turns(traj, on_turn, shown)
+            if traj.num_turns >= self.cfg.max_turns:
+                traj.finish = "max_turns"
+                break
+            if not await self._step():
+                break
+        _report_turns(traj, on_turn, shown)
+        traj.counters["llm_calls"] = traj.num_turns
+        traj.counters["generated_tokens"] = traj.generated_tokens
+        traj.wall_s = time.perf_counter() - t_start
+        return traj
+
+    async def _step(self) -> bool:
+        """One LLM call and what follows it: plan -> generate -> (summary | parse -> answer | tool).
+        False when the episode is over."""
+        plan = self._plan_turn()
+        turn = await self._generate(plan)
+        if turn is None:
+            return False
+        if plan.kind == "read":  # a reading turn only leaves its summary behind
+            self.traj.count("read_turns")
+            self.ctx.note(self.style.read_open + turn.output_text)
+            self.ctx.compact_last_block()
+            return True
+        action = self._parse(turn, plan)
+        if action is None:
+            return True
+        if action.kind == ANSWER:
+            self.traj.answer = action.argument
+            self.traj.finish = "answer"
+            return False
+        await self._call_tool(turn, action)
+        return True
+
+    def _plan_turn(self) -> _TurnPlan:
+        """A pending result block makes a reading turn; otherwise an act turn, which may only answer once
+        `force_answer_after` tool actions are done."""
+        style = self.style
+        if self.pending_blocks:
+            block = style.observation_template.format(text=self.pending_blocks.pop(0))
+            suffix = self.ctx.as_user_turn(block) + style.read_open
+            return _TurnPlan("read", (), suffix, "", [style.read_close])
+        forced = style.force_answer_after is not None and self.actions_done >= style.force_answer_after
+        allowed = (ANSWER,) if forced else self.actions
         prefix = ""
-        if pending_blocks:
-            kind, allowed = "read", ()
-            suffix = (
-                ctx.as_user_turn(style.observation_template.format(text=pending_blocks.pop(0)))
-                + style.read_open
-            )
-            stop = [style.read_close]
-        else:
-            kind = "act"
-            forced = style.force_answer_after is not None and actions_done >= style.force_answer_after
-            allowed = ("answer",) if forced else style.actions
-            suffix = style.force_answer_note if forced else ""
-            prefix = ""
-            if style.act_prefixes:
-                prefix = style.act_prefixes[min(actions_done, len(style.act_prefixes) - 1)]
-                suffix += prefix
-            stop = [f"</{a}>" for a in allowed]
+        if style.act_prefixes:
+            prefix = style.act_prefixes[min(self.actions_done, len(style.act_prefixes) - 1)]
+        suffix = (style.force_answer_note if forced else "") + prefix
+        return _TurnPlan("act", allowed, suffix, prefix, [f"</{a}>" for a in allowed])
 
-        # -- 2. generate under the context budget
-        prompt_ids = ctx.begin_call(suffix, compactable=kind == "read")
-        turn_budget = style.read_max_new_tokens if kind == "read" else style.act_max_new_tokens or cfg.max_new_tokens
-        context_limit = min(cfg.max_context_tokens, getattr(engine, "max_seq_len", None) or cfg.max_context_tokens)
+    async def _generate(self, plan: _TurnPlan) -> Turn | None:
+        """Generate under the context budget and record the turn; None when the episode ends here (no room
+        left, or the engine aborted)."""
+        style, cfg, traj = self.style, self.cfg, self.traj
+        prompt_ids = self.ctx.begin_call(plan.suffix, compactable=plan.kind == "read")
+        turn_budget = (
+            style.read_max_new_tokens if plan.kind == "read" else style.act_max_new_tokens or cfg.max_new_tokens
+        )
+        engine_limit = getattr(self.engine, "max_seq_len", None) or cfg.max_context_tokens
+        context_limit = min(cfg.max_context_tokens, engine_limit)
         budget = min(turn_budget, context_limit - len(prompt_ids))
         if budget < 1:
             traj.finish = "max_tokens"
-            break
+            return None
         sampling = SamplingParams(
             temperature=cfg.temperature,
             top_p=cfg.top_p,
             top_k=cfg.top_k,
             max_new_tokens=budget,
-            stop=stop,
-            stop_token_ids=stop_ids,
-            seed=None if seed is None else seed * 1_000_003 + traj.num_turns,
+            stop=plan.stop,
+            stop_token_ids=self.stop_ids,
+            seed=None if self.seed is None else self.seed * 1_000_003 + traj.num_turns,
         )
         t0 = time.perf_counter()
-        resp = await engine.generate(
+        resp = await self.engine.generate(
             GenerateRequest(input_ids=prompt_ids, sampling=sampling, trajectory_id=traj.id)
         )
-        text = prefix + ctx.end_call(resp)  # the turn as the model sees it, including the loop's opening
         turn = Turn(
-            kind=kind,
-            output_text=text,
+            kind=plan.kind,
+            output_text=plan.prefix + self.ctx.end_call(resp),  # as the model sees it: with the loop's opening
             stop_reason=resp.stop_reason,
             prompt_tokens=len(prompt_ids),
             output_tokens=resp.output_len,
@@ -159,66 +230,62 @@ async def run_episode(
         traj.turns.append(turn)
         if resp.stop_reason == "abort":
             traj.finish = "abort"
-            break
+            return None
         if resp.stop_reason == "length" and resp.output_len == 0:  # the engine had no room left
             traj.finish = "max_tokens"
-            break
+            return None
+        return turn
 
-        # -- 3. a reading turn only leaves its summary behind
-        if kind == "read":
-            traj.count("read_turns")
-            ctx.note(style.read_open + text)
-            ctx.compact_last_block()
-            continue
-
-        # -- 4. parse the action; a malformed turn gets a correction, never a crash
-        opened = prefix[1:-1] if prefix.startswith("<") and prefix.endswith(">") else None
-        if style.close_opened_actions and opened in allowed and f"</{opened}>" not in text:
+    def _parse(self, turn: Turn, plan: _TurnPlan) -> Action | None:
+        """The act turn's action; a malformed turn gets a correction (and None), never a crash."""
+        text = turn.output_text
+        opened = plan.prefix[1:-1] if plan.prefix.startswith("<") and plan.prefix.endswith(">") else None
+        if self.style.close_opened_actions and opened in plan.allowed and f"</{opened}>" not in text:
             text = _TRAILING_SPECIAL.sub("", text).rstrip() + f"</{opened}>"
             turn.output_text = text
-            traj.count("auto_closed")
-        action = parse_action(text, allowed)
+            self.traj.count("auto_closed")
+        action = parse_action(text, plan.allowed, self.tags)
         turn.action, turn.argument = action.kind, action.argument or None
         if action.error:
             turn.parse_error = action.error
-            traj.count("parse_errors")
-            turn.observation = style.correction_template.format(error=action.error)
-            ctx.observe(ctx.as_user_turn(turn.observation))
-            continue
-        if action.kind == "answer":
-            traj.answer = action.argument
-            traj.finish = "answer"
-            break
+            self.traj.count("parse_errors")
+            turn.observation = self.style.correction_template.format(error=action.error)
+            self.ctx.observe(self.ctx.as_user_turn(turn.observation))
+            return None
+        return action
 
-        # -- 5. run the tool; its result is read block by block (or shown at once)
-        actions_done += 1
-        traj.count({"search": "searches", "access": "accesses"}.get(action.kind, action.kind))
-        ctx.note(f"<{action.kind}>{action.argument}</{action.kind}>")
-        tool = tools.get(action.kind)
+    async def _call_tool(self, turn: Turn, action: Action) -> None:
+        """Run the action's tool; its result is read block by block (or shown at once)."""
+        kind, argument = action.kind or "", action.argument
+        self.actions_done += 1
+        tool = self.tools.get(kind)
+        self.traj.count(tool_counter(tool) if tool is not None else kind)
+        self.ctx.note(f"<{kind}>{argument}</{kind}>")
         if tool is None:
-            turn.tool_error = f"tool {action.kind!r} is not configured for this agent"
+            turn.tool_error = f"tool {kind!r} is not configured for this agent"
             obs_text, blocks = turn.tool_error, None
         else:
             t1 = time.perf_counter()
-            obs = await run_tool(tool, action.argument, timeout_s=cfg.tool_timeout_s)
+            obs = await run_tool(tool, argument, timeout_s=self.cfg.tool_timeout_s, episode=self.tool_state)
             turn.tool_latency_s = time.perf_counter() - t1
             turn.tool_error = obs.error
             obs_text, blocks = obs.text, obs.metadata.get("chunks")
         if turn.tool_error:
-            traj.count("tool_errors")
+            self.traj.count("tool_errors")
         turn.observation = obs_text
-        if style.reading_turns and turn.tool_error is None:
-            pending_blocks.extend(blocks or [obs_text])
+        if self.style.reading_turns and turn.tool_error is None:
+            self.pending_blocks.extend(blocks or [obs_text])
         else:
-            ctx.observe(ctx.as_user_turn(style.observation_template.format(text=obs_text)))
+            self.ctx.observe(self.ctx.as_user_turn(self.style.observation_template.format(text=obs_text)))
 
+
+def _report_turns(traj: Trajectory, on_turn: Callable[[Turn], None] | None, shown: int) -> int:
+    """Hand the turns completed since the last report to `on_turn`; returns how many are reported."""
     if on_turn is not None:
         for turn in traj.turns[shown:]:
             on_turn(turn)
-    traj.counters["llm_calls"] = traj.num_turns
-    traj.counters["generated_tokens"] = traj.generated_tokens
-    traj.wall_s = time.perf_counter() - t_start
-    return traj
+        return len(traj.turns)
+    return shown
 
 
 _ENCODE_CACHE: OrderedDict[tuple[int, str], tuple[int, ...]] = OrderedDict()
@@ -259,10 +326,12 @@ class _Context:
     summaries: every call is its own segment, built from the opening plus the tail of the notes.
     """
 
-    def __init__(self, style: AgentStyle, tokenizer: Tokenizer, question: str, traj: Trajectory):
+    def __init__(
+        self, style: AgentStyle, tokenizer: Tokenizer, question: str, traj: Trajectory, system_prompt: str
+    ):
         self.style, self.tok, self.traj = style, tokenizer, traj
         user = style.user_template.format(question=question)
-        self.opening_text = _render_opening(tokenizer, style, user)
+        self.opening_text = _render_opening(tokenizer, style, system_prompt, user)
         self.notes: list[str] = []
         # chat models: tool results go in a user turn, wrapped exactly as the chat template would
         self.user_turn = (
@@ -364,9 +433,9 @@ def _user_turn_wrappers(tokenizer: Any) -> tuple[str, str]:
     return text[i:j], text[j + len(u) :]
 
 
-def _render_opening(tokenizer: Any, style: AgentStyle, user: str) -> str:
+def _render_opening(tokenizer: Any, style: AgentStyle, system_prompt: str, user: str) -> str:
     """System + first user message, in the tokenizer's chat template when it has one."""
     if _uses_chat(tokenizer, style):
-        messages = [{"role": "system", "content": style.system_prompt}, {"role": "user", "content": user}]
+        messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": user}]
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return f"{style.system_prompt}\n\n{user}\n"
+    return f"{system_prompt}\n\n{user}\n"

@@ -1,22 +1,35 @@
-"""Agent styles: a prompt and a context policy per style, as config (asearcher, reasoning, search-r1)."""
+"""Agent styles: a prompt and a context policy per style, as config (asearcher, reasoning, guided,
+search-r1). A style's system prompt lists the agent's tools through placeholders filled from the tools
+themselves (`render_system_prompt`), so a new tool shows up in every prompt that lists tools."""
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import Field
 
+from asearch.agent.parsing import ANSWER
 from asearch.config import Config
 from asearch.errors import ConfigError
+from asearch.tools import Tool, tool_argument_hint
+
+_COUNT_WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
 
 
 class AgentStyle(Config):
     """How an agent talks: its prompt, allowed actions and how its context grows."""
 
     name: str
-    system_prompt: str
+    system_prompt: str = Field(
+        description="The system message. Placeholders filled from the tools the style allows: {tools} (one "
+        "line per tool, its description and ';'), {tool_tags} (`<search>query</search>, <access>url</access>`), "
+        "{tool_count} ('two tools')."
+    )
     user_template: str = Field("Question: {question}", description="First user message; {question} is filled in.")
-    actions: tuple[str, ...] = Field(("search", "access", "answer"), description="Allowed action tags.")
+    actions: tuple[str, ...] | None = Field(
+        None, description="Allowed action tags; None: every tool the agent is given, then answer."
+    )
     observation_template: str = Field(
         "\n<information>\n{text}\n</information>\n", description="How a tool result or correction is shown."
     )
@@ -58,11 +71,27 @@ class AgentStyle(Config):
         "models. It is context the model continues from, not a generated token.",
     )
 
+    def allowed_actions(self, tools: Mapping[str, Tool[Any]]) -> tuple[str, ...]:
+        """The actions of an act turn: `actions`, or every tool given (in order) then answer."""
+        return self.actions if self.actions is not None else (*tools, ANSWER)
+
+    def render_system_prompt(self, tools: Mapping[str, Tool[Any]]) -> str:
+        """`system_prompt` with its placeholders filled from the tools this style lets the agent use."""
+        usable = [(name, tool) for name, tool in tools.items() if name in self.allowed_actions(tools)]
+        n = len(usable)
+        count = f"{_COUNT_WORDS[n] if n < len(_COUNT_WORDS) else n} tool{'' if n == 1 else 's'}"
+        lines = "".join(f"{tool.description};\n" for _, tool in usable)
+        return (
+            self.system_prompt.replace("{tools}\n", lines)
+            .replace("{tools}", lines.rstrip("\n"))
+            .replace("{tool_tags}", ", ".join(f"<{name}>{tool_argument_hint(t)}</{name}>" for name, t in usable))
+            .replace("{tool_count}", count)
+        )
+
 
 _ASEARCHER_SYSTEM = """You are a research assistant. You find facts with a search engine, then answer.
 Each turn, you may think inside <think></think>, then write exactly one action:
-<search>keywords</search> searches the encyclopedia and shows the top passages with their urls;
-<access>url</access> shows the full page at a url;
+{tools}
 <answer>short answer</answer> ends the task.
 After each result you write what you learned inside <summary></summary>.
 
@@ -77,8 +106,8 @@ The Mona Lisa is a portrait painting by the Italian artist Leonardo da Vinci.
 <summary>The Mona Lisa was painted by Leonardo da Vinci.</summary>
 <answer>Leonardo da Vinci</answer>"""
 
-_REASONING_SYSTEM = """You are a careful research assistant with two tools. Reason step by step inside
-<think></think>, then give exactly one action: <search>query</search>, <access>url</access> or
+_REASONING_SYSTEM = """You are a careful research assistant with {tool_count}. Reason step by step inside
+<think></think>, then give exactly one action: {tool_tags} or
 <answer>final answer</answer>. You will see your earlier notes, not your full earlier reasoning.
 After each search result or page, write the facts that matter inside <summary></summary>."""
 

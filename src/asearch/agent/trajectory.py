@@ -71,12 +71,15 @@ class Trajectory:
     id: str
     question: str
     style: str
+    action_tags: list[str] = field(default_factory=list)  # what its parser read as actions; the reward's format check too
     segments: list[Segment] = field(default_factory=list)
     turns: list[Turn] = field(default_factory=list)
     answer: str | None = None
     finish: FinishReason = "error"
     counters: dict[str, int] = field(default_factory=dict)
-    reward: float | None = None
+    reward: float | None = None  # what RL trains on (`metrics.reward.compute_reward`); None: not scored
+    score: float | None = None  # the answer metric behind it (EM/F1/CEM), kept even when the format gate fails
+    reward_reason: str | None = None  # "ok", "no answer (...)" or "format: turn k (...): ..."
     wall_s: float = 0.0
     metadata: dict[str, Any] = field(default_factory=dict)
 

@@ -12,19 +12,35 @@ from rich.markup import escape
 from rich.panel import Panel
 
 from asearch.cli.console import ConfigOption, OverridesArg, console
+from asearch.engine.registry import engine_kind, engine_kinds
+
+ENGINE_HELP = (
+    f"Engine kind: {' | '.join(engine_kinds())}; its options are engine.<key>=value overrides "
+    "(docs/engines.md)."
+)
+BASE_URL_HELP = (
+    f"Server of a remote engine kind ({', '.join(k for k in engine_kinds() if engine_kind(k).needs_url)}): "
+    "http://host:port."
+)
+STYLE_HELP = "asearcher | reasoning | search-r1 | guided (the default for smollm2-135m-instruct, else asearcher)"
 
 
 def ask(
     question: Annotated[str, typer.Argument(help="The question to research.")],
     config: ConfigOption = None,
     overrides: OverridesArg = None,
-    engine: Annotated[str | None, typer.Option(help="inprocess | vllm | sglang")] = None,
-    model: Annotated[str | None, typer.Option(help="Model name, directory or alias (smollm2-135m-instruct).")] = None,
-    base_url: Annotated[str | None, typer.Option(help="Inference server url for vllm/sglang.")] = None,
+    engine: Annotated[str | None, typer.Option(help=ENGINE_HELP)] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(help="Model name, directory or alias (smollm2-135m-instruct); for a server, its served name."),
+    ] = None,
+    base_url: Annotated[
+        str | None, typer.Option(help=BASE_URL_HELP)
+    ] = None,
     corpus: Annotated[str | None, typer.Option(help="wiki10k | world[:seed] | jsonl path (indexed on first use).")] = None,
     index: Annotated[Path | None, typer.Option(help="A prebuilt index directory.")] = None,
     server_url: Annotated[str | None, typer.Option(help="A retrieval server url (asearch serve).")] = None,
-    style: Annotated[str | None, typer.Option(help="asearcher | reasoning | search-r1")] = None,
+    style: Annotated[str | None, typer.Option(help=STYLE_HELP)] = None,
     max_turns: Annotated[int | None, typer.Option(help="LLM calls, reading turns included.")] = None,
     temperature: Annotated[float, typer.Option(help="Sampling temperature; 0 = greedy (the default here).")] = 0.0,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,

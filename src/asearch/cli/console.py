@@ -23,7 +23,7 @@ ConfigOption = Annotated[
     Path | None, typer.Option("--config", "-c", help="YAML config file (see configs/).", exists=True, dir_okay=False)
 ]
 OverridesArg = Annotated[
-    list[str] | None, typer.Argument(help="Config overrides, e.g. bm25.k1=1.2 chunk.words=80", show_default=False)
+    list[str] | None, typer.Argument(help="Config overrides, `key.sub=value` (any key of the YAML), applied over the file.", show_default=False)
 ]
 
 

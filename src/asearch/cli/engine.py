@@ -14,6 +14,17 @@ from asearch.cli.console import console
 app = typer.Typer(help="Inference engines: serve a model to a trainer or an agent.", no_args_is_help=True)
 
 
+@app.command("kinds")
+def kinds() -> None:
+    """List the engine kinds `engine.kind` accepts (the engine registry) and what each runs."""
+    from asearch.engine.registry import engine_kind, engine_kinds
+
+    for kind in engine_kinds():
+        spec = engine_kind(kind)
+        server = " (needs engine.base_url)" if spec.needs_url else ""
+        console.print(f"[bold]{kind}[/bold]{server}: {escape(spec.summary)}", soft_wrap=True)
+
+
 @app.command("serve")
 def serve(
     model: Annotated[

@@ -20,8 +20,8 @@ def train(
 ) -> None:
     """Train a search agent with fully asynchronous RL (resumes from the run directory's last checkpoint)."""
     from asearch.config import load_config
-    from asearch.rl.run import TrainConfig
-    from asearch.rl.run import train as run_train
+    from asearch.launch.train import TrainConfig
+    from asearch.launch.train import train as run_train
     from asearch.runs import RunDir
 
     cfg = load_config(TrainConfig, config, [*(overrides or []), *([f"out={out}"] if out else [])])

@@ -70,11 +70,15 @@ def load_yaml(path: str | Path) -> tuple[dict[str, Any], dict[str, int]]:
 
 
 def _parse_value(raw: str) -> Any:
-    """`3` -> 3, `true` -> True, `[a, b]` -> list, `null` -> None, anything else stays a string."""
+    """`3` -> 3, `true` -> True, `[a, b]` -> list, `{a: 1}` -> dict, `null` -> None, anything else stays a
+    string: `query: ` too, which YAML alone would read as a mapping (a prefix value, not a section)."""
     try:
-        return yaml.safe_load(raw) if raw != "" else ""
+        value = yaml.safe_load(raw) if raw != "" else ""
     except yaml.YAMLError:
         return raw
+    if isinstance(value, dict) and not raw.lstrip().startswith("{"):
+        return raw
+    return value
 
 
 def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from asearch.agent.loop import AgentConfig, run_episode
-from asearch.agent.runtime import ToolsConfig, build_tools
+from asearch.agent.expert import WORLD_STYLE
+from asearch.agent.loop import AgentConfig
+from asearch.agent.workflow import SearchAgentWorkflow
 from asearch.config import Config
 from asearch.demo.worlds import (
     ExpertJob,
@@ -30,30 +31,68 @@ from asearch.demo.worlds import (
     prepare_world,
     worker_pool,
 )
-from asearch.engine.inprocess import InProcessEngineConfig
+from asearch.engine.registry import EngineConfig
 from asearch.errors import ConfigError
 from asearch.eval.datasets import load_dataset
+from asearch.eval.runner import evaluate_workflow
 from asearch.files import atomic_write_json, write_jsonl
+from asearch.launch.train import HeldoutConfig, TrainConfig, train
 from asearch.metrics.reward import RewardConfig
 from asearch.rl.controller import ControllerConfig
 from asearch.rl.loss import LossConfig
-from asearch.rl.run import HeldoutConfig, TrainConfig, heldout_accuracy, train
 from asearch.rl.sft import SFTConfig, sft
 from asearch.rl.trainer import OptimConfig, TrainerConfig
 from asearch.runs import RunDir
+from asearch.tools import ToolsConfig, build_tools
 
-# The demo agent: no system prompt (the tiny model learns the protocol from SFT), search + answer only.
-DEMO_STYLE = {
-    "system_prompt": "",
-    "use_chat_template": False,
-    "reading_turns": False,
-    "user_template": "Question: {question}",
-    "observation_template": "\n<information>\n{text}\n</information>\n",
-}
+# The demo agent: the expert's prompt format, no system prompt (the tiny model learns the protocol from SFT).
+DEMO_STYLE = WORLD_STYLE
+
+
+def _demo_rl() -> TrainConfig:
+    """The demo's RL stage. Paths are relative to the demo's run directory; `seed`, `tools.corpus` and
+    `heldout.tools` follow the demo's seed and worlds (`DemoConfig._derive_rl`)."""
+    # no access tool here, so urls would only cost tokens; compact results keep every name after a space,
+    # so it is the same tokens wherever it appears (docs/demo.md)
+    tools = ToolsConfig(search={"topk": 2, "max_doc_chars": 400, "show_urls": False, "compact": True}, access=None)
+    return TrainConfig(
+        out=Path("rl"), model="model-sft", data="data/rl.jsonl", trainer_threads=1,
+        engine=EngineConfig(kind="inprocess", model="model-sft", threads=1, max_batch=128, max_seq_len=1024),
+        tools=tools, corpus_from_data=True,
+        agent=AgentConfig(
+            style="search-r1", style_options=DEMO_STYLE, max_turns=8, max_new_tokens=48, max_context_tokens=1024,
+            temperature=0.7,  # the SFT policy at 1.0 is too diffuse to earn rewards (docs/demo.md)
+        ),
+        reward=RewardConfig(metric="em", format_gate=True),
+        rollout=ControllerConfig(batch_size=8, group_size=8, max_staleness=2, max_concurrent=16),
+        trainer=TrainerConfig(
+            optim=OptimConfig(lr=2e-4, schedule="cosine", min_lr_ratio=0.1),  # decays over the time budget
+            loss=LossConfig(eps_clip=0.2), token_budget=4096,
+            epochs=2,  # a second pass uses the time the trainer would wait for the engine (docs/demo.md)
+        ),
+        steps=1000, max_rl_seconds=510.0,  # the target: 85% held-out within 10 minutes, the whole demo in 20
+        heldout=HeldoutConfig(dataset="data/heldout_small.jsonl", tools=tools, every_s=60.0),
+        checkpoint_every=20,
+    )  # fmt: skip
+
+
+# DemoConfig keys that moved into its `rl` section (the RL stage is a whole TrainConfig now)
+_MOVED_KEYS = {
+    "rl_seconds": "rl.max_rl_seconds", "rl_steps": "rl.steps", "rollout": "rl.rollout", "lr": "rl.trainer.optim.lr",
+    "lr_schedule": "rl.trainer.optim.schedule", "lr_min_ratio": "rl.trainer.optim.min_lr_ratio",
+    "rl_epochs": "rl.trainer.epochs", "rl_token_budget": "rl.trainer.token_budget",
+    "temperature": "rl.agent.temperature", "eval_every_s": "rl.heldout.every_s", "max_turns": "rl.agent.max_turns",
+    "topk": "rl.tools.search.topk", "threads": "rl.trainer_threads and rl.engine.threads",
+}  # fmt: skip
+# The demo's own files, relative to its run directory: the stages before RL write them
+_RUN_FILES = {"out": Path("rl"), "model": "model-sft", "data": "data/rl.jsonl"}
 
 
 class DemoConfig(Config):
-    seed: int = Field(0, description="Seeds the worlds, the model, SFT and RL.")
+    """The CPU learning demo: worlds, tokenizer and model, expert SFT, then `rl`, the RL stage (docs/demo.md
+    explains every default and the runs behind it)."""
+
+    seed: int = Field(0, description="Seeds the worlds, the model, SFT and RL (rl.seed follows it).")
     out: Path | None = Field(None, description="Run directory (default runs/demo-seed<seed>-<time>).")
     world_entities: int = Field(1000, ge=100, description="Entities of each training world.")
     heldout_entities: int = Field(1000, ge=100, description="Entities of the held-out world.")
@@ -67,24 +106,21 @@ class DemoConfig(Config):
         description="Every world draws its names from world `names`'s pool (facts stay per seed; "
         "docs/world.md); None: each world its own names, so held-out names are words never seen.",
     )
-    hops: tuple[int, ...] = (1, 2, 3)
+    hops: tuple[int, ...] = Field((1, 2, 3), description="Hop counts of the questions, equally many of each.")
     name_answers: bool = Field(
         True,
-        description="Ask only questions whose answer is an entity (a name). The tiny model does not learn to copy "
-        "numbers and occupations (frequent tokens) within the budget: 0 of 91 year questions and 0 of 21 "
-        "occupations after SFT and RL, with years whole or in digits (docs/demo.md, runs A and F). With it, "
-        "seed 0 went from 0.297 to 0.850 (run G).",
+        description="Ask only questions whose answer is an entity (a name): the tiny model does not learn to copy "
+        "numbers and occupations within the budget (docs/demo.md).",
     )
     train_questions: int = Field(
         1200, description="Expert (SFT) questions per training world; `expert_episodes` cycle over them."
     )
     rl_questions: int = Field(
-        100, ge=1, description="RL questions per training world, none of them among the SFT ones: RL rewards on "
-        "questions SFT trained on reward remembered answers (rollouts 0.6 against 0.3 held-out, measured).",
+        100, ge=1, description="RL questions per training world, none of them among the SFT ones (RL on questions "
+        "SFT trained on rewards remembered answers).",
     )
-    heldout_questions: int = 300
+    heldout_questions: int = Field(300, description="Held-out questions for the accuracy before and after RL.")
     heldout_during_rl: int = Field(100, description="Held-out questions evaluated periodically during RL.")
-    topk: int = Field(2, ge=1, description="Search results per query (the second is usually a distractor).")
     tokenizer: Literal["bpe", "word"] = Field(
         "bpe",
         description="'word': one token per word, number, tag or punctuation mark seen in the training worlds "
@@ -92,30 +128,28 @@ class DemoConfig(Config):
         "`tokenizer_worlds` other worlds (name words in 2-3 pieces; docs/demo.md).",
     )
     vocab_size: int = Field(
-        2000, description="With tokenizer=bpe: BPE tokens at most (fewer when the texts have no more merges). 6,000 over 3 worlds "
-        "makes most name words one token, but seed 0's SFT start fell from 0.497 to 0.177 (docs/demo.md, run D).",
+        2000, description="With tokenizer=bpe: BPE tokens at most (fewer when the texts have no more merges); "
+        "larger vocabularies made the supervised start worse (docs/demo.md).",
     )
     whole_numbers: bool = Field(
         True, description="With tokenizer=bpe: numbers are not split into digits before merging, so most years "
-        "are one token (83% of held-out years at 2,000 tokens; digit by digit, 0 of 91 year questions were "
-        "answered after SFT and RL, measured).",
+        "are one token (shorter episodes).",
     )
     tokenizer_worlds: int = Field(1, ge=1, description="Worlds (other seeds than training and held-out) the tokenizer is fitted on.")
-    hidden: int = 128
-    layers: int = 4
-    heads: int = 4
+    hidden: int = Field(128, description="Width of the tiny Qwen2.")
+    layers: int = Field(4, description="Decoder layers of the tiny Qwen2.")
+    heads: int = Field(4, description="Attention heads of the tiny Qwen2.")
     expert_episodes: int = Field(
         38400, description="Expert episodes for SFT, spread evenly over the worlds and their questions (SFT sees each once)."
     )
     train_worlds: int = Field(
         40, ge=1, description="Training worlds: the SFT expert episodes and the RL questions are spread over "
         "them. With `names` set, facts differ between worlds under the same names, so only reading lowers "
-        "the loss (one world: the model remembers its facts, and held-out accuracy stays near 0, measured).",
+        "the loss (one world: the model remembers its facts).",
     )
     p_skip: float = Field(
-        0.6, description="Expert answers one hop short with this probability (see skip_at). 0.6 keeps the greedy start "
-        "stopping early (seed 2: 0.333, as at 0.75) with more whole chains to learn from (0.827 after RL against 0.787); "
-        "at 0.5 the start was 0.520, above the 50% the demo starts from.",
+        0.6, description="Expert answers one hop short with this probability (see skip_at): the greedy start "
+        "stops early, the mistake RL learns to fix (docs/demo.md).",
     )
     skip_at: Literal["every", "first"] = Field(
         "every",
@@ -124,44 +158,62 @@ class DemoConfig(Config):
     )
     p_wrong: float = Field(
         0.0,
-        description="Expert copies a wrong name on one-hop questions with this probability. Off by default: at 0.25 the "
-        "supervised start copied worse and seed 2 reached 0.84 after 10 minutes of RL, against 0.887 without (p_skip's "
-        "early answers are the mistake RL has to fix).",
+        description="Expert copies a wrong name on one-hop questions with this probability (off: it made the "
+        "supervised start copy worse, docs/demo.md).",
     )
     sft: SFTConfig = Field(
         default_factory=lambda: SFTConfig(
-            steps=1200, batch_size=32, lr=3e-3, token_budget=2048, context_loss_weight=1.0, context_tokens="repeated",
-            bf16=False,
-        )
+            steps=1200, batch_size=32, token_budget=2048, context_loss_weight=1.0, context_tokens="repeated", bf16=False,
+            optim=OptimConfig(lr=3e-3, weight_decay=0.01, warmup_steps=20, schedule="cosine", min_lr_ratio=0.1),
+        ),
+        description="The supervised warm start on the expert episodes.",
     )
-    rl_seconds: float = Field(
-        510.0, gt=0, description="RL wall-time budget (the target: 85% held-out within 10 minutes; the whole demo in 20)."
-    )
-    rl_steps: int = 1000
-    rollout: ControllerConfig = Field(
-        default_factory=lambda: ControllerConfig(batch_size=8, group_size=8, max_staleness=2, max_concurrent=16)
-    )
-    lr: float = Field(2e-4, gt=0, description="RL peak learning rate.")
-    lr_schedule: Literal["constant", "cosine"] = Field(
-        "cosine", description="RL learning rate over the time budget: cosine decays to lr * lr_min_ratio by its end."
-    )
-    lr_min_ratio: float = Field(0.1, ge=0, le=1)
-    rl_epochs: int = Field(
-        2, ge=1, description="Passes over each RL batch. With one, the trainer (one core) waited half of each step "
-        "for the engine (the other core); a second pass uses that time (seed 2 from the same supervised start: "
-        "0.850 after RL against 0.827 with one pass, 120 steps against 114).",
-    )
-    rl_token_budget: int = Field(4096, ge=64, description="RL trainer: padded tokens per micro-batch (sorted by length, so less padding).")
-    temperature: float = Field(
-        0.7, gt=0, description="RL sampling temperature (the SFT policy at 1.0 is too diffuse to earn rewards: "
-        "held-out 0.013 against 0.153 greedy after 600 SFT steps, measured).",
-    )
-    eval_every_s: float = 60.0
-    threads: int = Field(1, description="torch threads for the RL trainer and for the RL engine (each).")
     setup_threads: int = Field(
         2, ge=1, description="torch threads for SFT and the before/after evaluations (nothing else runs then)."
     )
-    max_turns: int = 8
+    rl: TrainConfig = Field(
+        default_factory=_demo_rl,
+        description="The RL stage, a whole `asearch train` config (configs/train-world-tiny.yaml is this one), "
+        "whose agent and tools every stage shares. Its out, model, data and heldout.dataset are the demo's "
+        "files (relative to the run directory); seed, tools.corpus and heldout.tools follow `seed` and the worlds.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        moved = [k for k in _MOVED_KEYS if isinstance(data, dict) and k in data]
+        if moved:
+            raise ValueError("moved into the RL stage: " + ", ".join(f"{k} -> {_MOVED_KEYS[k]}" for k in moved))
+        return data
+
+    @model_validator(mode="after")
+    def _derive_rl(self) -> DemoConfig:
+        """The RL stage trains the demo's files, with the demo's seed, on its worlds."""
+        rl = self.rl
+        changed = {k: getattr(rl, k) for k, v in _RUN_FILES.items() if getattr(rl, k) != v}
+        if rl.heldout.dataset != "data/heldout_small.jsonl":
+            changed["heldout.dataset"] = rl.heldout.dataset
+        if changed:
+            raise ValueError(f"rl.{', rl.'.join(changed)} are the demo's own files: leave them ({changed})")
+        first_world = _world(self, _train_seeds(self)[0], self.world_entities).name
+        heldout_world = _world(self, _heldout_seed(self), self.heldout_entities).name
+        derived = {
+            "seed": self.seed,
+            "tools": rl.tools.model_copy(update={"corpus": first_world}),
+            "heldout": rl.heldout.model_copy(update={"tools": rl.tools.model_copy(update={"corpus": heldout_world})}),
+        }
+        if any(getattr(rl, k) != v for k, v in derived.items()):  # assigning validates again: then nothing differs
+            self.rl = rl.model_copy(update=derived)
+        return self
+
+    def rl_stage(self, run_dir: Path) -> TrainConfig:
+        """The `TrainConfig` the demo trains with in `run_dir`: `rl` with its files under `run_dir`."""
+        at = lambda path: str(run_dir / path)  # noqa: E731
+        return self.rl.model_copy(update={
+            "out": run_dir / self.rl.out, "model": at(self.rl.model), "data": at(self.rl.data),
+            "engine": self.rl.engine.model_copy(update={"model": at(self.rl.engine.model)}),
+            "heldout": self.rl.heldout.model_copy(update={"dataset": at(self.rl.heldout.dataset)}),
+        })  # fmt: skip
 
 
 def _split_per_hop(records: list[Any], per_hop: int) -> tuple[list[Any], list[Any]]:
@@ -175,7 +227,7 @@ def _split_per_hop(records: list[Any], per_hop: int) -> tuple[list[Any], list[An
 
 def _tokenizer_texts(corpus, records, topk: int) -> Any:
     """Pages as search results, and questions, actions and observations, so tags and result headers are known."""
-    from asearch.demo.expert import act
+    from asearch.agent.expert import act
 
     yield from _page_texts(corpus, topk)
     for r in records[:500]:
@@ -195,16 +247,17 @@ def _expert_texts(tokenizer, records, built_tools, agent_cfg, cfg) -> list[str]:
     """The texts of expert episodes on `records` through the real loop and tools (with `tokenizer`)."""
     tools, closers = built_tools
     engine = expert_engine(tokenizer, records, p_skip=cfg.p_skip, p_wrong=cfg.p_wrong, seed=cfg.seed, skip_at=cfg.skip_at)
+    workflow = SearchAgentWorkflow(tokenizer, tools, agent_cfg, cfg.rl.reward)
 
     async def go():
-        return await asyncio.gather(*(run_episode(engine, tokenizer, tools, r.question, agent_cfg) for r in records))
+        return await asyncio.gather(*(workflow.arun_episode(engine, r) for r in records))
 
     try:
         trajs = asyncio.run(go())
     finally:
         for close in closers:
             close()
-    return [tokenizer.decode([t for seg in traj.segments for t in seg.token_ids]) for traj in trajs]
+    return [tokenizer.decode([t for seg in traj.segments for t in seg.token_ids]) for traj in trajs if traj is not None]
 
 
 @dataclass
@@ -220,21 +273,25 @@ class _Layout:
 
     @classmethod
     def of(cls, cfg: DemoConfig) -> _Layout:
-        # training worlds 2s+1+256k never share a seed mod 256 (which picks own names) with the held-out world
-        # 2s+128, nor with the tokenizer's 2s+64+256k
-        train_seeds = [2 * cfg.seed + 1 + 256 * k for k in range(cfg.train_worlds)]
-        # no access tool here, so urls would only cost tokens (a third of an expert episode, measured);
-        # compact results keep every name after a space, so it is the same tokens wherever it appears
-        search = {"topk": cfg.topk, "max_doc_chars": 400, "show_urls": False, "compact": True}
-        tools = lambda seed, n: ToolsConfig(corpus=_world(cfg, seed, n).name, search=search, access=None)  # noqa: E731
+        train_seeds = _train_seeds(cfg)
         return cls(
             train_seeds=train_seeds,
             tokenizer_seeds=[2 * cfg.seed + 64 + 256 * k for k in range(cfg.tokenizer_worlds)],
-            heldout_seed=2 * cfg.seed + 128,
-            train_tools=[tools(seed, cfg.world_entities) for seed in train_seeds],
-            heldout_tools=tools(2 * cfg.seed + 128, cfg.heldout_entities),
-            agent=AgentConfig(style="search-r1", style_options=DEMO_STYLE, max_turns=cfg.max_turns, max_new_tokens=48, max_context_tokens=1024),
+            heldout_seed=_heldout_seed(cfg),
+            train_tools=[cfg.rl.tools.model_copy(update={"corpus": _world(cfg, seed, cfg.world_entities).name}) for seed in train_seeds],
+            heldout_tools=cfg.rl.heldout.tools or cfg.rl.tools,  # `DemoConfig._derive_rl` set its corpus
+            agent=cfg.rl.agent,  # the scripted expert ignores its temperature; the evaluations are greedy
         )
+
+
+# Training worlds 2s+1+256k never share a seed mod 256 (which picks own names) with the held-out world
+# 2s+128, nor with the tokenizer's 2s+64+256k.
+def _train_seeds(cfg: DemoConfig) -> list[int]:
+    return [2 * cfg.seed + 1 + 256 * k for k in range(cfg.train_worlds)]
+
+
+def _heldout_seed(cfg: DemoConfig) -> int:
+    return 2 * cfg.seed + 128
 
 
 def _world(cfg: DemoConfig, seed: int, entities: int):
@@ -273,34 +330,20 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
     # ---- 4. held-out accuracy before RL
     if "heldout_acc_before" not in start:
         log(f"[4/6] held-out accuracy before RL (greedy, {len(heldout_records)} questions)")
-        start["heldout_acc_before"] = _heldout(model, tokenizer, heldout_tools, heldout_records, layout.agent, cfg)
+        start["heldout_acc_before"] = _heldout(model, tokenizer, heldout_tools, heldout_records, cfg)
         atomic_write_json(model_dir / "sft.json", start)
     before = start["heldout_acc_before"]
     log(f"      before: {before:.3f}")
 
     # ---- 5. asynchronous RL (resumes from rl/checkpoints)
-    train_cfg = TrainConfig(
-        seed=cfg.seed, out=run.path / "rl", model=str(model_dir), threads=cfg.threads,
-        engine=InProcessEngineConfig(threads=cfg.threads, max_batch=128, max_seq_len=1024),
-        tools=layout.train_tools[0], corpus_from_data=True, agent=layout.agent.model_copy(update={"temperature": cfg.temperature}),
-        data=str(data_dir / "rl.jsonl"),
-        reward=RewardConfig(metric="em", format_gate=True), rollout=cfg.rollout,
-        trainer=TrainerConfig(
-            optim=OptimConfig(lr=cfg.lr, schedule=cfg.lr_schedule, min_lr_ratio=cfg.lr_min_ratio),
-            loss=LossConfig(eps_clip=0.2), token_budget=cfg.rl_token_budget, epochs=cfg.rl_epochs,
-        ),
-        steps=cfg.rl_steps, max_rl_seconds=cfg.rl_seconds,
-        heldout=HeldoutConfig(dataset=str(data_dir / "heldout_small.jsonl"), tools=layout.heldout_tools, every_s=cfg.eval_every_s),
-        checkpoint_every=20,
-    )  # fmt: skip
-    log(f"[5/6] asynchronous RL for up to {cfg.rl_seconds:.0f}s")
-    torch.set_num_threads(cfg.threads)
-    rl_run = RunDir(run.path / "rl")
+    train_cfg = cfg.rl_stage(run.path)
+    log(f"[5/6] asynchronous RL for up to {train_cfg.max_rl_seconds:.0f}s")
+    rl_run = RunDir(train_cfg.out)
     rl_summary = asyncio.run(train(train_cfg, run=rl_run, log=lambda m: log("      " + m), model=model, tokenizer=tokenizer))
 
     # ---- 6. held-out accuracy after RL, summary, plot, report
     torch.set_num_threads(cfg.setup_threads)
-    after = _heldout(model, tokenizer, heldout_tools, heldout_records, layout.agent, cfg)
+    after = _heldout(model, tokenizer, heldout_tools, heldout_records, cfg)
     log(f"[6/6] held-out accuracy after RL: {after:.3f} (before {before:.3f})")
     summary = {
         "seed": cfg.seed,
@@ -321,7 +364,7 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
     }
     from asearch.demo.report import write_plot, write_report
 
-    write_plot(rl_run.metrics(), run.path / "curve.png", before=before, after=after, temperature=cfg.temperature)
+    write_plot(rl_run.metrics(), run.path / "curve.png", before=before, after=after, temperature=cfg.rl.agent.temperature)
     write_report(run.path / "report.md", summary, cfg)
     run.write_summary(summary)  # last: its presence marks the run finished
     return summary
@@ -360,12 +403,8 @@ def _supervised_start(cfg: DemoConfig, layout: _Layout, run: RunDir, log) -> dic
         log(f"      {len(train_records)} expert (SFT), {len(rl_records)} RL and {len(heldout_records)} held-out questions (hops {cfg.hops}), indexes built")
 
         # ---- 2. tokenizer and tiny model
-        # The tokenizer learns from other worlds: fit on the training world, it gave that world's names whole
-        # tokens (2.8 tokens per name against 4.1 for held-out names, measured), so the copying the model learns
-        # on training names would not carry over to held-out ones. Both are equally foreign to other worlds.
-        # A larger vocabulary over more worlds makes name words whole tokens (2,000 tokens over 1 world: 28% of
-        # held-out name words; 6,000 over 3: 87%), but the model then learns every name's embedding from fewer
-        # occurrences: measured, the smaller one gives the better supervised start at equal steps.
+        # The tokenizer learns from other worlds, to which training and held-out names are equally foreign
+        # (fit on the training world, copying learned on its names would not carry over; docs/demo.md).
         if cfg.tokenizer == "word":  # the training worlds' own words (the shared name pool, the page keys) and
             # the loop's exact texts: expert episodes through it with a byte tokenizer (no merges: nothing to fit)
             byte_tok = train_bpe_tokenizer([], vocab_size=300)
@@ -373,13 +412,13 @@ def _supervised_start(cfg: DemoConfig, layout: _Layout, run: RunDir, log) -> dic
             tokenizer = train_word_tokenizer(
                 itertools.chain(
                     texts,
-                    itertools.chain.from_iterable(_page_texts(world(seed, cfg.world_entities), cfg.topk) for seed in layout.train_seeds),
+                    itertools.chain.from_iterable(_page_texts(world(seed, cfg.world_entities), cfg.rl.tools.search.topk) for seed in layout.train_seeds),
                 )
             )
         else:
             tokenizer = train_bpe_tokenizer(
                 itertools.chain.from_iterable(
-                    _tokenizer_texts(world(seed, cfg.world_entities), recs, cfg.topk)
+                    _tokenizer_texts(world(seed, cfg.world_entities), recs, cfg.rl.tools.search.topk)
                     for seed, recs in zip(layout.tokenizer_seeds, prepared[n_train + 1 :], strict=True)
                 ),
                 vocab_size=cfg.vocab_size,
@@ -438,12 +477,19 @@ def _check_resumable(out: Path, cfg: DemoConfig) -> None:
 
     old = yaml.safe_load(saved.read_text()) or {}
     new = cfg.model_dump(mode="json")
-    diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k != "out")
+    diff = [d for d in _differences(old, new) if d[0] != "out"]
     if diff:
         raise ConfigError(
-            f"{out} holds a demo run with other settings ({', '.join(f'{k}: {old.get(k)!r} -> {new.get(k)!r}' for k in diff)}); "
+            f"{out} holds a demo run with other settings ({', '.join(f'{k}: {a!r} -> {b!r}' for k, a, b in diff)}); "
             "resume it with the same settings or pass another --out"
         )
+
+
+def _differences(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted key, old value, new value) for every leaf that differs between two config dumps."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for k in sorted(set(old) | set(new)) for d in _differences(old.get(k), new.get(k), f"{prefix}{k}.")]
+    return [] if old == new else [(prefix.rstrip("."), old, new)]
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -459,16 +505,16 @@ def _clocked(log, t_start: float):
     return lambda msg: log(f"{_mmss(time.perf_counter() - t_start):>5} {msg}")
 
 
-def _heldout(model, tokenizer, tools, records, agent_cfg, cfg) -> float:
+def _heldout(model, tokenizer, tools, records, cfg: DemoConfig) -> float:
+    """Greedy accuracy (the RL reward's metric) of `model` on `records`, with the set-up's threads."""
     from asearch.engine.inprocess import InProcessEngine
 
+    workflow = SearchAgentWorkflow(tokenizer, tools, cfg.rl.agent.model_copy(update={"temperature": 0.0}), cfg.rl.reward)
+
     async def go():
-        engine = InProcessEngine(model, tokenizer, cfg=InProcessEngineConfig(threads=cfg.setup_threads, max_batch=128, max_seq_len=1024))
+        engine = InProcessEngine(model, tokenizer, cfg=cfg.rl.engine.options.model_copy(update={"threads": cfg.setup_threads}))
         try:
-            acc, _ = await heldout_accuracy(
-                engine, tokenizer, tools, [r.model_dump() for r in records], agent_cfg, RewardConfig(metric="em"), 128
-            )
-            return acc
+            return (await evaluate_workflow(workflow, engine, records, concurrency=128)).mean_score
         finally:
             await engine.close()
 

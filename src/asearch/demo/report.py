@@ -41,9 +41,9 @@ def write_report(path: Path, summary: dict[str, Any], cfg: Any) -> None:
     text = f"""# asearch CPU demo (seed {s['seed']})
 
 A {s['parameters']:,}-parameter Qwen2 model learns to answer 1-{max(cfg.hops)}-hop questions by searching a
-synthetic encyclopedia with BM25 (top-{cfg.topk}, distractors included). It is warm-started on scripted
+synthetic encyclopedia with BM25 (top-{cfg.rl.tools.search.topk}, distractors included). It is warm-started on scripted
 expert trajectories that stop early or copy the wrong name, then trained with fully asynchronous RL
-(decoupled PPO, eta={cfg.rollout.max_staleness}). Held-out questions come from another world.
+(decoupled PPO, eta={cfg.rl.rollout.max_staleness}). Held-out questions come from another world.
 
 | | value |
 |---|---|

@@ -108,7 +108,7 @@ def expert_engine(
     tokenizer: Any, records: Sequence[QARecord], *, p_skip: float, p_wrong: float, seed: int, skip_at: str = "every"
 ) -> ScriptedEngine:
     """The scripted expert (with its deliberate mistakes) for `records`, as an engine the agent loop drives."""
-    from asearch.demo.expert import WorldExpert, plan_from_record
+    from asearch.agent.expert import WorldExpert, plan_from_record
 
     plans = {r.question: plan_from_record(r.model_dump()) for r in records}
     return ScriptedEngine(tokenizer, WorldExpert(plans, p_skip=p_skip, p_wrong=p_wrong, seed=seed, skip_at=skip_at))

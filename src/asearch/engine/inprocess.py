@@ -21,23 +21,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from pydantic import Field
 
 from asearch.config import Config
-from asearch.engine.decoder import (
-    DecoderSpec,
-    DecoderWeights,
-    RoPE,
-    SlotKVCache,
-    forward,
-    load_safetensors_dir,
-)
-from asearch.engine.sampling import RowSampling, sample
+from asearch.engine.registry import register_engine
 from asearch.engine.types import GenerateRequest, GenerateResponse, StopReason, WeightSource
 
+# torch and the decoder are imported where they are used: listing the engine kinds imports this module
 if TYPE_CHECKING:
+    import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from asearch.engine.registry import EngineConfig
+    from asearch.engine.sampling import RowSampling
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +143,10 @@ class InProcessEngine:
         cfg: InProcessEngineConfig | None = None,
         version: int = 0,
     ):
+        import torch
+
+        from asearch.engine.decoder import DecoderSpec, DecoderWeights, RoPE, SlotKVCache
+
         self.cfg = cfg or InProcessEngineConfig()
         self.tokenizer = tokenizer
         self.config = model.config
@@ -287,6 +287,8 @@ class InProcessEngine:
         return await fut
 
     def _make_row(self, req: GenerateRequest, loop: asyncio.AbstractEventLoop) -> _Row:
+        from asearch.engine.sampling import RowSampling
+
         sp = req.sampling
         ids = req.input_ids
         if ids is None:
@@ -374,6 +376,8 @@ class InProcessEngine:
             pass
 
     def _run(self) -> None:
+        import torch
+
         torch.set_num_threads(self.cfg.threads)
         with torch.inference_mode():
             while True:
@@ -437,6 +441,8 @@ class InProcessEngine:
         self._paused = False
 
     def _do_update(self, source: WeightSource, version: int) -> None:
+        from asearch.engine.decoder import DecoderWeights, load_safetensors_dir
+
         t = time.perf_counter()
         if isinstance(source, Mapping):
             sd = source
@@ -498,6 +504,11 @@ class InProcessEngine:
     # ----------------------------------------------------------------------- one step
 
     def _step(self) -> None:
+        import torch
+
+        from asearch.engine.decoder import forward
+        from asearch.engine.sampling import sample
+
         self._admit()
         rows = self._rows
         ready: list[int] = []  # rows whose whole sequence is cached after this step's forwards
@@ -672,3 +683,13 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+@register_engine(
+    "inprocess",
+    options=InProcessEngineConfig,
+    summary="the model decoded in this process (continuous batching; CPU or one GPU)",
+)
+def build_inprocess(cfg: EngineConfig, **context: Any) -> InProcessEngine:
+    """Load `cfg.model` (HF name, directory or alias) and its tokenizer into an `InProcessEngine`."""
+    return InProcessEngine.from_pretrained(cfg.model, cfg=cfg.options)

@@ -1,8 +1,10 @@
-"""A client for any OpenAI-compatible chat endpoint (vLLM, SGLang, llama.cpp server, hosted APIs).
+"""A client for any OpenAI-compatible chat endpoint (vLLM, SGLang, llama.cpp server, Ollama, hosted APIs).
 
 Used by judges and data synthesis: bounded concurrency, retries with jittered exponential backoff on
 429/5xx/connect errors/timeouts (honouring Retry-After), and running token-usage totals. The API key
-comes only from an environment variable and is never logged. `OpenAIChatEngine` adapts it to `Engine`.
+comes only from an environment variable and is never logged. `OpenAIChatEngine` adapts it to `Engine`
+(engine kind `openai`): it takes chat messages, or the agent's token prompts, which it reads back into
+chat messages with the tokenizer's chat template.
 """
 
 from __future__ import annotations
@@ -12,11 +14,19 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
+from pydantic import Field
+
+from asearch.config import Config
 from asearch.engine.http import HttpConfig, JsonHttpClient, RemoteHTTPError
+from asearch.engine.registry import register_engine
 from asearch.engine.types import GenerateRequest, GenerateResponse, StopReason, WeightSource
-from asearch.errors import RemoteError
+from asearch.errors import ConfigError, RemoteError
+
+if TYPE_CHECKING:
+    from asearch.engine.registry import EngineConfig
 
 
 @dataclass(slots=True)
@@ -142,18 +152,118 @@ class OpenAIChatClient:
         await self.aclose()
 
 
-class OpenAIChatEngine:
-    """`Engine` over a chat endpoint: takes `GenerateRequest.messages`, returns text.
+class OpenAIEngineConfig(Config):
+    """Options of engine kind `openai`: any OpenAI-compatible chat server. `engine.model` is the name the
+    server knows the model by; `engine.base_url` its API root (http://host:port gets /v1 added)."""
 
-    Chat endpoints return text, not token ids: `output_ids`, `output_logprobs` and `output_versions`
-    are empty, so this engine serves evaluation, judging and synthesis, never RL rollouts. Weights are
-    the endpoint's own: `update_weights` raises. Non-OpenAI sampling fields (`top_k`, `stop_token_ids`)
-    are sent only when set, since hosted APIs reject unknown fields.
+    tokenizer: str | None = Field(
+        None,
+        description="HF name, directory or alias of the served model's tokenizer (default: engine.model). "
+        "The agent writes its prompts as tokens with this tokenizer's chat template; the engine reads them "
+        "back into chat messages. Loaded on first use: judges and solvers that send messages never need it.",
+    )
+    api_key_env: str = Field(
+        "OPENAI_API_KEY", description="Environment variable holding the API key (may be unset); never logged."
+    )
+    require_api_key: bool = Field(False, description="Fail at start when that variable is unset (hosted APIs).")
+    max_concurrency: int = Field(16, ge=1, description="Requests in flight to the server.")
+    timeout_s: float = Field(120.0, gt=0, description="Per request.")
+    retries: int = Field(
+        5, ge=0, description="HTTP retries on 429/5xx/connection errors (jittered backoff, Retry-After honoured)."
+    )
+    prefill_fields: dict[str, Any] = Field(
+        default_factory=lambda: {"continue_final_message": True, "add_generation_prompt": False},
+        description="Sent when the prompt ends inside an assistant turn the agent opened (a style's act prefix "
+        "or reading turn): that partial turn goes as the last assistant message and these fields ask the server "
+        "to continue it. The default is vLLM's and SGLang's; llama.cpp server and Ollama continue a last "
+        "assistant message on their own ({}).",
+    )
+    extra_body: dict[str, Any] = Field(
+        default_factory=dict,
+        description="More request fields, sent as they are (server-specific, e.g. {repetition_penalty: 1.1}).",
+    )
+
+
+class ChatTemplateReader:
+    """Reads a prompt rendered with a tokenizer's chat template back into chat messages.
+
+    The text around each role's content is found by rendering a conversation of marker strings, the
+    way the agent loop finds it (`_user_turn_wrappers`), so any template whose wrappers do not depend on
+    the content works. A prompt that is not in the template's shape becomes one user message.
     """
 
-    def __init__(self, client: OpenAIChatClient, *, version: int = 0):
+    _SYSTEM, _USER, _ASSISTANT, _NEXT = "\x00SYSTEM\x00", "\x00USER\x00", "\x00ASSISTANT\x00", "\x00NEXT\x00"
+
+    def __init__(self, tokenizer: Any):
+        def render(*contents: str) -> str:
+            roles = ["system", "user", "assistant", "user"]
+            messages = [{"role": r, "content": c} for r, c in zip(roles, contents, strict=False)]
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+        try:
+            self.head, rest = render(self._SYSTEM, self._USER).split(self._SYSTEM, 1)
+            self.system_end, self.first_open = rest.split(self._USER, 1)  # first_open: opens the first reply
+            after = render(self._SYSTEM, self._USER, self._ASSISTANT, self._NEXT).split(self._ASSISTANT, 1)[1]
+            self.close, self.open = after.split(self._NEXT, 1)  # close: reply -> user; open: user -> reply
+        except ValueError as e:  # a template that drops or rewrites some role's content
+            name = getattr(tokenizer, "name_or_path", "the tokenizer")
+            raise ValueError(f"cannot read chat prompts back with the chat template of {name}: {e}") from e
+
+    def read(self, prompt: str) -> tuple[list[dict[str, str]], str]:
+        """(messages, partial): `partial` is the start of the assistant turn the prompt ends in ("" for none)."""
+        i = prompt.find(self.system_end, len(self.head)) if prompt.startswith(self.head) else -1
+        j = prompt.find(self.first_open, i + len(self.system_end)) if i >= 0 else -1
+        if j < 0:
+            return [{"role": "user", "content": prompt}], ""
+        messages = [
+            {"role": "system", "content": prompt[len(self.head) : i]},
+            {"role": "user", "content": prompt[i + len(self.system_end) : j]},
+        ]
+        pos = j + len(self.first_open)
+        while (k := prompt.find(self.close, pos)) >= 0:
+            messages.append({"role": "assistant", "content": prompt[pos:k]})
+            pos = k + len(self.close)
+            r = prompt.find(self.open, pos)
+            if r < 0:  # ends inside a user turn: the server opens the reply itself
+                messages.append({"role": "user", "content": prompt[pos:]})
+                return messages, ""
+            messages.append({"role": "user", "content": prompt[pos:r]})
+            pos = r + len(self.open)
+        return messages, prompt[pos:]
+
+
+class OpenAIChatEngine:
+    """`Engine` over a chat endpoint: takes `GenerateRequest.messages`, or `input_ids` (with a tokenizer).
+
+    Chat endpoints return text, not token ids. With a tokenizer the reply is re-tokenized into
+    `output_ids`, with log-prob 0.0 and this engine's version for every token, so the agent loop can run on
+    it; these are not the model's own tokens or log-probs, so the engine serves asking, evaluation, judging
+    and synthesis, never RL rollouts. Without one, `output_ids` stay empty. A token prompt is decoded and read
+    back into messages (`ChatTemplateReader`); a prompt that ends inside an assistant turn is continued
+    (`prefill_fields`). Chat servers drop the stop string they stopped at; the `Engine` contract keeps it,
+    so it is put back when the server names it (vLLM's `stop_reason`) or it closes a tag left open.
+    Weights are the endpoint's own: `update_weights` raises. Non-OpenAI sampling fields (`top_k`,
+    `stop_token_ids`) are sent only when set, since hosted APIs reject unknown fields; a token prompt's
+    `stop_token_ids` (ids of our tokenizer) are not sent: the server's template ends its turns itself.
+    """
+
+    def __init__(
+        self,
+        client: OpenAIChatClient,
+        *,
+        version: int = 0,
+        tokenizer: Any = None,
+        load_tokenizer: Any = None,
+        prefill_fields: dict[str, Any] | None = None,
+        extra_body: dict[str, Any] | None = None,
+    ):
         self.client = client
         self._version = version
+        self._tokenizer = tokenizer
+        self._load_tokenizer = load_tokenizer  # () -> tokenizer, called on first use when none was given
+        self._reader: ChatTemplateReader | None = None
+        self.prefill_fields = dict(prefill_fields or {})
+        self.extra_body = dict(extra_body or {})
         self._admit = asyncio.Event()
         self._admit.set()
 
@@ -161,11 +271,55 @@ class OpenAIChatEngine:
     def version(self) -> int:
         return self._version
 
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None and self._load_tokenizer is not None:
+            self._tokenizer = self._load_tokenizer()
+        return self._tokenizer
+
     async def generate(self, request: GenerateRequest) -> GenerateResponse:
-        if not request.messages:
+        messages, partial = self._messages(request)
+        sampling = {**self._sampling(request), **self.extra_body}
+        if partial:
+            messages = [*messages, {"role": "assistant", "content": partial}]
+            sampling.update(self.prefill_fields)
+        await self._admit.wait()
+        result = await self.client.chat(messages, **sampling)
+        text = _restore_stop(result, request.sampling.stop, partial)
+        ids = self.tokenizer.encode(text, add_special_tokens=False) if self._has_tokenizer() else []
+        stop: StopReason = "length" if result.finish_reason == "length" else "stop"
+        return GenerateResponse(
+            output_ids=ids,
+            output_logprobs=[0.0] * len(ids),
+            output_versions=[self._version] * len(ids),
+            stop_reason=stop,
+            text=text,
+            input_len=result.usage["prompt_tokens"],
+            latency_s=result.latency_s,
+            usage=dict(result.usage),
+        )
+
+    def _has_tokenizer(self) -> bool:
+        return self._tokenizer is not None or self._load_tokenizer is not None
+
+    def _messages(self, request: GenerateRequest) -> tuple[list[dict[str, str]], str]:
+        """The request's messages, or its token prompt read back into messages (+ the partial reply)."""
+        if request.messages:
+            return list(request.messages), ""
+        if not request.input_ids or not self._has_tokenizer():
             raise ValueError(
-                "OpenAIChatEngine needs GenerateRequest.messages; for token ids use VLLMEngine/SGLangEngine"
+                "OpenAIChatEngine needs GenerateRequest.messages, or input_ids and a tokenizer "
+                "(engine.tokenizer / OpenAIChatEngine(tokenizer=...))"
             )
+        tok = self.tokenizer
+        prompt = tok.decode(request.input_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        if not getattr(tok, "chat_template", None):
+            return [{"role": "user", "content": prompt}], ""
+        if self._reader is None:
+            self._reader = ChatTemplateReader(tok)
+        return self._reader.read(prompt)
+
+    def _sampling(self, request: GenerateRequest) -> dict[str, Any]:
         sp = request.sampling
         sampling: dict[str, Any] = {
             "temperature": sp.temperature,
@@ -178,23 +332,11 @@ class OpenAIChatEngine:
             sampling["seed"] = sp.seed
         if sp.top_k > 0:
             sampling["top_k"] = sp.top_k
-        if sp.stop_token_ids:
+        if sp.stop_token_ids and request.messages:
             sampling["stop_token_ids"] = list(sp.stop_token_ids)
         if request.trajectory_id:
             sampling["user"] = request.trajectory_id
-        await self._admit.wait()
-        result = await self.client.chat(request.messages, **sampling)
-        stop: StopReason = "length" if result.finish_reason == "length" else "stop"
-        return GenerateResponse(
-            output_ids=[],
-            output_logprobs=[],
-            output_versions=[],
-            stop_reason=stop,
-            text=result.text,
-            input_len=result.usage["prompt_tokens"],
-            latency_s=result.latency_s,
-            usage=dict(result.usage),
-        )
+        return sampling
 
     async def pause(self) -> None:
         """Hold new requests on this client (a remote chat endpoint cannot be paused)."""
@@ -211,3 +353,64 @@ class OpenAIChatEngine:
     async def close(self) -> None:
         self._admit.set()
         await self.client.aclose()
+
+
+def _restore_stop(result: ChatResult, stops: list[str], partial: str) -> str:
+    """The reply with the stop string the server stopped at and cut off, when it can be told which:
+    the server names it (vLLM's `stop_reason`), or it closes a `<tag>` left open in the turn."""
+    text = result.text
+    if result.finish_reason != "stop" or not stops or any(text.endswith(s) for s in stops):
+        return text
+    choices = result.raw.get("choices") or [{}]
+    named = choices[0].get("stop_reason") if isinstance(choices[0], dict) else None
+    if named is not None:  # a string it matched, or the id of a stop token (then nothing was cut)
+        return text + named if isinstance(named, str) and named in stops else text
+    turn = partial + text
+    for s in stops:
+        if s.startswith("</") and s.endswith(">") and turn.rfind("<" + s[2:]) > turn.rfind(s):
+            return text + s
+    return text
+
+
+def api_root(base_url: str) -> str:
+    """`http://host:port` -> `http://host:port/v1` (what vLLM, SGLang, llama.cpp server and Ollama serve);
+    a URL with a path is the API root already."""
+    url = base_url.rstrip("/")
+    return url if urlsplit(url).path else url + "/v1"
+
+
+@register_engine(
+    "openai",
+    options=OpenAIEngineConfig,
+    needs_url=True,
+    summary="any OpenAI-compatible chat server (vLLM, SGLang, llama.cpp, Ollama, hosted APIs); "
+    "text only: asking, evaluation, synthesis, not RL",
+)
+def build_openai(cfg: EngineConfig, **context: Any) -> OpenAIChatEngine:
+    o: OpenAIEngineConfig = cfg.options
+    assert cfg.base_url is not None  # EngineConfig checks it for kinds that need a server
+    client = OpenAIChatClient(
+        api_root(cfg.base_url),
+        cfg.model,
+        api_key_env=o.api_key_env,
+        require_api_key=o.require_api_key,
+        max_concurrency=o.max_concurrency,
+        timeout=o.timeout_s,
+        retries=o.retries,
+    )
+    name = o.tokenizer or cfg.model
+
+    def tokenizer() -> Any:
+        from asearch.models.loading import load_tokenizer
+
+        try:
+            return load_tokenizer(name)
+        except ConfigError as e:
+            raise ConfigError(
+                f"engine kind openai needs the served model's tokenizer for token prompts; set engine.tokenizer "
+                f"to its HF name or directory ({e})"
+            ) from None
+
+    return OpenAIChatEngine(
+        client, load_tokenizer=tokenizer, prefill_fields=o.prefill_fields, extra_body=o.extra_body
+    )

@@ -27,10 +27,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from asearch.config import Config
 from asearch.engine.http import RETRY_STATUS, HttpConfig, RemoteHTTPError
+from asearch.engine.registry import EngineConfig, engine_kinds, make_engine
 from asearch.engine.types import Engine, GenerateRequest, GenerateResponse, WeightSource
 from asearch.errors import RemoteError
 
@@ -50,10 +51,11 @@ log = logging.getLogger(__name__)
 class RolloutServersConfig(Config):
     """Generation on rollout servers (their own processes) instead of in the trainer's process."""
 
-    kind: Literal["sglang", "vllm"] = Field(
+    kind: str = Field(
         "sglang",
-        description="sglang: SGLang's native API, also served by `asearch engine serve`; vllm: vLLM's "
-        "OpenAI server started with VLLM_SERVER_DEV_MODE=1 (see docs/engines-remote.md).",
+        description="Engine kind of the servers, one RL can sample from: sglang (SGLang's native API, also "
+        "served by `asearch engine serve`) or vllm (vLLM's OpenAI server started with VLLM_SERVER_DEV_MODE=1; "
+        "see docs/engines-remote.md), or any such registered kind.",
     )
     urls: list[str] = Field(
         default_factory=list,
@@ -75,6 +77,14 @@ class RolloutServersConfig(Config):
     revive_timeout_s: float = Field(
         600.0, gt=0, description="How long a request waits when no server is up before the run fails."
     )
+
+    @field_validator("kind")
+    @classmethod
+    def _rollout_kind(cls, kind: str) -> str:
+        kinds = engine_kinds(rollouts=True)
+        if kind not in kinds:
+            raise ValueError(f"rollout servers of kind {kind!r}: RL samples from one of {', '.join(kinds)}")
+        return kind
 
 
 @dataclass(eq=False)
@@ -295,27 +305,20 @@ def open_pool(
     supervisors: Sequence[SupervisedServer | None] = (),
     version: int = 0,
 ) -> EnginePool:
-    """An `EnginePool` with one client per URL of the configured kind (servers labelled `version`)."""
+    """An `EnginePool` with one engine of kind `cfg.kind` per URL, built through the engine registry
+    (servers labelled `version`)."""
     if not urls:
         raise ValueError("rollout_servers: no server URLs (give rollout_servers.urls, or launcher=local)")
     sups = list(supervisors) or [None] * len(urls)
-    engines: list[Engine] = []
-    for url, sup in zip(urls, sups, strict=True):
-        if cfg.kind == "sglang":
-            from asearch.engine.sglang import SGLangEngine, SGLangEngineConfig
-
-            engines.append(SGLangEngine(url, cfg=SGLangEngineConfig(http=cfg.http, initial_version=version)))
-        else:
-            from asearch.engine.vllm import VLLMEngine, VLLMEngineConfig
-
-            engines.append(
-                VLLMEngine(
-                    url,
-                    cfg.model_name,
-                    cfg=VLLMEngineConfig(http=cfg.http, initial_version=version),
-                    supervisors=[sup] if sup is not None else [],
-                )
-            )
+    engines: list[Engine] = [
+        make_engine(
+            EngineConfig(
+                kind=cfg.kind, model=cfg.model_name, base_url=url, http=cfg.http, initial_version=version
+            ),
+            supervisors=[sup] if sup is not None else [],
+        )
+        for url, sup in zip(urls, sups, strict=True)
+    ]
     return EnginePool(
         engines, names=list(urls), supervisors=sups, version=version, revive_timeout_s=cfg.revive_timeout_s
     )

@@ -9,6 +9,7 @@ are resent with their tokens so far. SGLang reports the label of the weights tha
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -23,6 +24,8 @@ from asearch.engine.http import (
     ResumableRemoteEngine,
     check_weights_dir,
 )
+from asearch.engine.registry import EngineConfig, register_engine
+from asearch.engine.supervisor import ServerSupervisor, SupervisorConfig
 from asearch.engine.types import GenerateRequest, WeightSource
 from asearch.errors import RemoteError
 
@@ -192,3 +195,46 @@ def _parse_generate(data: Any, url: str) -> Chunk:
         completion_tokens=int(meta.get("completion_tokens") or len(ids)),
         server_version=server_version,
     )
+
+
+def serve_rollout_server(
+    model: str,
+    *,
+    index: int,
+    threads: int,
+    engine: Any,
+    seed: int,
+    log_path: str | os.PathLike[str],
+    cfg: SupervisorConfig,
+    host: str = "127.0.0.1",
+    **context: Any,
+) -> tuple[ServerSupervisor, str]:
+    """Rollout server `index` of a run (not started): `asearch engine serve` (SGLang's API) with `threads`
+    torch threads and the in-process options `engine` (batch, length, dtype, prefix cache)."""
+    from asearch.engine.server import engine_server_supervisor
+
+    return engine_server_supervisor(
+        model,
+        log_path=log_path,
+        host=host,
+        threads=threads,
+        max_batch=engine.max_batch,
+        max_seq_len=engine.max_seq_len,
+        seed=seed + index,  # servers sample different streams for requests without a seed
+        weight_version="0",  # the launch weights are version 0; tokens made with them say so
+        extra_args=["--dtype", engine.dtype, "--prefix-cache-mb", str(engine.prefix_cache_mb), "--exit-with-parent"],
+        cfg=cfg,
+    )
+
+
+@register_engine(
+    "sglang",
+    options=SGLangEngineConfig,
+    needs_url=True,
+    rollouts=True,
+    serve=serve_rollout_server,
+    summary="an SGLang server, or `asearch engine serve` (SGLang's native API: token ids, weight updates)",
+)
+def build_sglang(cfg: EngineConfig, **context: Any) -> SGLangEngine:
+    assert cfg.base_url is not None  # EngineConfig checks it for kinds that need a server
+    return SGLangEngine(cfg.base_url, cfg=cfg.options)

@@ -29,6 +29,7 @@ from asearch.engine.http import (
     check_weights_dir,
     ties_embeddings,
 )
+from asearch.engine.registry import EngineConfig, register_engine
 from asearch.engine.supervisor import ServerSupervisor, SupervisorConfig
 from asearch.engine.types import GenerateRequest, WeightSource
 from asearch.errors import RemoteError
@@ -115,8 +116,7 @@ class VLLMEngine(ResumableRemoteEngine):
         path = check_weights_dir(source)
         mechanism = self.cfg.weight_update
         if mechanism == "reload" and ties_embeddings(path):
-            # vLLM 0.32's reload_weights updates embed_tokens but leaves the tied LM head on the old
-            # weights (measured: outputs then match neither model), so a tied model must be relaunched.
+            # vLLM's reload_weights leaves a tied LM head on the old weights (docs/engines-remote.md): relaunch
             if len(self.supervisors) != len(self._servers):
                 raise RemoteError(
                     f"{path} ties its input and output embeddings, which vLLM's in-place reload_weights "
@@ -311,7 +311,7 @@ def vllm_server_command(
     `--logprobs-mode processed_logprobs` makes returned log-probs those of the distribution actually
     sampled from (after temperature/top-k/top-p), which is what the RL loss needs as behaviour logp.
     `--generation-config vllm` ignores the model's generation_config.json so only our sampling applies.
-    `enforce_eager` skips torch.compile warm-up (about 75 s of a 2-minute start on 2 CPU cores).
+    `enforce_eager` skips torch.compile warm-up, most of a CPU server's start-up (docs/engines-remote.md).
     `executor` is vLLM's `--distributed-executor-backend`: 'uni' runs the model in the engine-core process
     (one GPU, or a CPU server with `vllm_server_env()`); use 'mp' or 'ray' for tensor parallelism.
     """
@@ -349,11 +349,8 @@ def vllm_server_env(
     (/pause, /resume, /collective_rpc) that in-place weight updates need.
 
     `VLLM_ENABLE_V1_MULTIPROCESSING=0` is what lets the CPU platform keep the 'uni' executor (with 1 it
-    turns 'uni' into 'mp'). Under 'mp' the engine core and a separate worker process wait for each other
-    by spinning on shared memory with sched_yield; on a 2-core machine that starved every other process,
-    the API server and its clients included, for up to 20 s at a time during a long generation
-    (measured: a 50 ms sleep in another process took 11.5 s). With the worker in the engine core the
-    longest stall seen was 0.5 s, and decoding was as fast or faster (2.9 vs 2.7-5.0 ms/token)."""
+    turns 'uni' into 'mp', whose engine core and worker spin on shared memory and starve every other
+    process on a small machine; measurements in docs/engines-remote.md)."""
     return {
         "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
         "VLLM_CPU_OMP_THREADS_BIND": omp_threads_bind,
@@ -407,6 +404,49 @@ def launch_vllm_server(model_dir: str | os.PathLike[str], **kwargs: Any) -> tupl
     sup, url = vllm_server_supervisor(model_dir, **kwargs)
     sup.start()
     return sup, url
+
+
+def serve_rollout_server(
+    model: str,
+    *,
+    index: int,
+    threads: int,
+    engine: Any,
+    served_model_name: str,
+    log_path: str | os.PathLike[str],
+    cfg: SupervisorConfig,
+    host: str = "127.0.0.1",
+    cores: int | None = None,
+    **context: Any,
+) -> tuple[ServerSupervisor, str]:
+    """Rollout server `index` of a run (not started): `threads` cores of its own when there are enough;
+    `engine` (the in-process options) gives its context length."""
+    cores = cores or os.cpu_count() or 1
+    first = (index * threads) % cores
+    last = min(first + threads, cores) - 1
+    return vllm_server_supervisor(
+        model,
+        log_path=log_path,
+        host=host,
+        served_model_name=served_model_name,
+        max_model_len=engine.max_seq_len,
+        env={"VLLM_CPU_OMP_THREADS_BIND": f"{first}-{last}"},
+        cfg=cfg,
+    )
+
+
+@register_engine(
+    "vllm",
+    options=VLLMEngineConfig,
+    needs_url=True,
+    rollouts=True,
+    serve=serve_rollout_server,
+    summary="a vLLM OpenAI server (token ids, log-probs, weight updates); model = its served name",
+)
+def build_vllm(cfg: EngineConfig, *, supervisors: Sequence[ServerSupervisor] = (), **context: Any) -> VLLMEngine:
+    """`supervisors` (one per server) let weight_update='restart' relaunch the servers."""
+    assert cfg.base_url is not None  # EngineConfig checks it for kinds that need a server
+    return VLLMEngine(cfg.base_url, cfg.model, cfg=cfg.options, supervisors=supervisors)
 
 
 if __name__ == "__main__":  # pragma: no cover - manual smoke: python -m asearch.engine.vllm MODEL_DIR

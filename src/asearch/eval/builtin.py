@@ -16,7 +16,7 @@ from functools import lru_cache
 from typing import Any
 
 from asearch.errors import AsearchError, ConfigError
-from asearch.eval.datasets import QARecord
+from asearch.eval.records import QARecord
 from asearch.metrics.normalize import normalize_answer
 
 __all__ = [

@@ -12,9 +12,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
 from asearch.errors import AsearchError, DataFormatError
+from asearch.eval.builtin import load_builtin
+from asearch.eval.records import QARecord
 from asearch.files import iter_jsonl
 
 __all__ = [
@@ -43,40 +43,6 @@ _CONSUMED = frozenset(
     {"question", "golds", "aug_golds", "golden_answers", "answer", "gt", "answers", "aug_answer"}
     | {"prompt", "reward_model"}
 )
-
-
-class QARecord(BaseModel):
-    """One evaluation question: its gold answers (any one counts) and where it came from."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    id: str = Field(description="Unique within its dataset.")
-    question: str
-    golds: list[str] = Field(description="Acceptable answers; metrics take the max over them.")
-    aug_golds: list[str] = Field(
-        default_factory=list,
-        description="Paraphrased answers (ASearcher `aug_answer`), used by rewards only.",
-    )
-    dataset: str = Field("", description="Dataset name: the results and summaries are grouped by it.")
-    metadata: dict[str, Any] = Field(default_factory=dict, description="Everything else the row carried.")
-
-    @field_validator("question")
-    @classmethod
-    def _question_not_blank(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("question is blank")
-        return v
-
-    @field_validator("golds")
-    @classmethod
-    def _golds_not_empty(cls, v: list[str]) -> list[str]:
-        if not v:
-            raise ValueError("needs at least one gold answer")
-        return v
-
-    def to_jsonl_dict(self) -> dict[str, Any]:
-        """The asearch jsonl line (`golds` key), which every reader here accepts back."""
-        return self.model_dump(mode="json")
 
 
 # --------------------------------------------------------------------------- one row -> QARecord
@@ -327,8 +293,6 @@ def load_dataset(
     if limit is not None and limit < 1:
         raise AsearchError(f"limit must be >= 1, got {limit}")
     if isinstance(spec, str) and is_builtin(spec):  # reserved names: a directory called world needs ./world
-        from asearch.eval.builtin import load_builtin
-
         records = load_builtin(spec)
         if name:
             records = [r.model_copy(update={"dataset": name}) for r in records]

@@ -4,7 +4,8 @@
 yet in `out_dir/results.jsonl`, scores it (EM/F1/CEM, optional LLM judge) and appends one line with
 a single write + fsync. Killed at any moment (even kill -9), the same call resumes: finished lines
 are skipped, a torn last line is cut off and redone, nothing is scored twice. It knows nothing of
-engines: `solve` is any async function returning a Trajectory (see `agent_solver`).
+engines: `solve` is any async function returning a Trajectory (see `workflow_solver`, which runs a
+rollout workflow). `evaluate_workflow` is the in-memory form for held-out curves during training.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asearch.errors import AsearchError, ConfigError, DataFormatError
 from asearch.eval.datasets import QARecord
@@ -27,17 +28,23 @@ from asearch.eval.report import render_markdown, summarize
 from asearch.files import append_jsonl, atomic_write_json, atomic_write_text, iter_jsonl
 from asearch.metrics.qa import qa_scores
 
+if TYPE_CHECKING:
+    from asearch.agent.workflow import RolloutWorkflow, SearchAgentWorkflow
+
 __all__ = [
     "RESULTS_FILE",
+    "EpisodeScores",
     "EvalSummary",
     "Solve",
     "agent_solver",
     "aggregate_only",
     "evaluate",
     "evaluate_async",
+    "evaluate_workflow",
     "parse_shard",
     "read_results",
     "shard_records",
+    "workflow_solver",
 ]
 
 Solve = Callable[[QARecord, int], Awaitable[Any]]  # (record, seed) -> Trajectory
@@ -557,23 +564,57 @@ def aggregate_only(out_dir: str | Path) -> EvalSummary:
 # --------------------------------------------------------------------------- the agent as a solve function
 
 
-def agent_solver(engine: Any, tokenizer: Any, tools: Mapping[str, Any], agent_cfg: Any) -> Solve:
-    """A `solve` that runs the search agent on the record's question with the pass's seed; its `metrics()`
-    are the tools' run counters (web cache and cost, {} for local tools)."""
-    from asearch.agent import run_episode
-    from asearch.web.runtime import web_metrics
+def workflow_solver(
+    workflow: SearchAgentWorkflow, engine: Any, *, metrics: Callable[[], Mapping[str, float]] | None = None
+) -> Solve:
+    """A `solve` that runs `workflow` (a `SearchAgentWorkflow`) on the record with the pass's seed. An episode
+    the workflow rejects counts as a failed question (not scored, retried by the next run)."""
 
     async def solve(record: QARecord, seed: int) -> Any:
-        return await run_episode(
+        traj = await workflow.arun_episode(
             engine,
-            tokenizer,
-            tools,
-            record.question,
-            agent_cfg,
-            trajectory_id=f"{record.dataset}/{record.id}/seed{seed}",
+            record,
             seed=seed,
+            trajectory_id=f"{record.dataset}/{record.id}/seed{seed}",
             metadata={"dataset": record.dataset, "question_id": record.id},
         )
+        if traj is None:
+            raise AsearchError(f"the workflow rejected the episode (rejections so far: {dict(workflow.rejected)})")
+        return traj
 
-    solve.metrics = lambda: web_metrics(tools)  # type: ignore[attr-defined]
+    if metrics is not None:
+        solve.metrics = metrics  # type: ignore[attr-defined]
     return solve
+
+
+def agent_solver(engine: Any, tokenizer: Any, tools: Mapping[str, Any], agent_cfg: Any) -> Solve:
+    """`workflow_solver` over the search agent with `tools`; its `metrics()` are the tools' run counters
+    (web cache and cost, {} for local tools)."""
+    from asearch.agent.workflow import SearchAgentWorkflow
+    from asearch.web.runtime import web_metrics
+
+    workflow = SearchAgentWorkflow(tokenizer, tools, agent_cfg)
+    return workflow_solver(workflow, engine, metrics=lambda: web_metrics(tools))
+
+
+# --------------------------------------------------------------------------- in memory (held-out curves)
+
+
+@dataclass
+class EpisodeScores:
+    """The episodes of one in-memory evaluation, one per record (None: rejected by the workflow)."""
+
+    trajectories: list[Any]
+
+    @property
+    def mean_score(self) -> float:
+        """The mean answer metric (`Trajectory.score`: the workflow's reward metric); a rejected episode counts 0."""
+        return sum((t.score or 0.0) if t is not None else 0.0 for t in self.trajectories) / max(len(self.trajectories), 1)
+
+
+async def evaluate_workflow(workflow: RolloutWorkflow, engine: Any, records: Sequence[Any], *, concurrency: int = 64) -> EpisodeScores:
+    """One episode per record through `workflow` (at most `concurrency` at once), kept in memory: the
+    held-out curve during RL and the demo's before/after accuracy (greedy when the workflow's agent is)."""
+    from asearch.agent.workflow import run_workflow
+
+    return EpisodeScores(await run_workflow(workflow, engine, records, concurrency=concurrency))

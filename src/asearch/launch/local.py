@@ -19,9 +19,11 @@ from typing import Any
 from asearch.engine.inprocess import InProcessEngineConfig
 from asearch.engine.pool import RolloutServersConfig
 from asearch.engine.supervisor import ServerSupervisor, SupervisorConfig
+from asearch.launch.registry import register_launcher
 from asearch.launch.spec import Allocation, Launcher
 
 
+@register_launcher("local")
 class LocalLauncher(Launcher):
     """Start `allocation.rollout_servers` servers here; `urls` and `supervisors` say where they are."""
 
@@ -33,7 +35,7 @@ class LocalLauncher(Launcher):
                 i,
                 allocation,
                 servers,
-                self.engine,
+                self.engine.options,  # the servers' batch, length, dtype and prefix cache
                 seed=self.seed,
                 log_path=self.log_dir / f"rollout-{i}.log",
                 cfg=self.sup_cfg,
@@ -93,41 +95,15 @@ def rollout_server_supervisor(
     host: str = "127.0.0.1",
     cores: int | None = None,
 ) -> tuple[ServerSupervisor, str]:
-    """Rollout server `i` of a run, not yet started: an `asearch engine serve` (kind sglang) or a vLLM
-    server (kind vllm) on `host`, and its base URL. Both launchers start servers through this."""
-    t = allocation.server_threads
-    if servers.kind == "vllm":
-        from asearch.engine.vllm import vllm_server_supervisor
+    """Rollout server `i` of a run, not yet started, and its base URL: the server of engine kind
+    `servers.kind` (its `serve` hook in the engine registry). Both launchers start servers through this."""
+    from asearch.engine.registry import engine_kind
+    from asearch.errors import LaunchError
 
-        cores = cores or os.cpu_count() or 1
-        first = (i * t) % cores
-        last = min(first + t, cores) - 1  # server i binds its own cores when there are enough
-        return vllm_server_supervisor(
-            model,
-            log_path=log_path,
-            host=host,
-            served_model_name=servers.model_name,
-            max_model_len=engine.max_seq_len,
-            env={"VLLM_CPU_OMP_THREADS_BIND": f"{first}-{last}"},
-            cfg=cfg,
-        )
-    from asearch.engine.server import engine_server_supervisor
-
-    return engine_server_supervisor(
-        model,
-        log_path=log_path,
-        host=host,
-        threads=t,
-        max_batch=engine.max_batch,
-        max_seq_len=engine.max_seq_len,
-        seed=seed + i,  # servers sample different streams for requests without a seed
-        weight_version="0",  # the launch weights are version 0; tokens made with them say so
-        extra_args=[
-            "--dtype",
-            engine.dtype,
-            "--prefix-cache-mb",
-            str(engine.prefix_cache_mb),
-            "--exit-with-parent",
-        ],
-        cfg=cfg,
-    )
+    serve = engine_kind(servers.kind).serve
+    if serve is None:
+        raise LaunchError(f"engine kind {servers.kind!r} has no server a launcher can start")
+    return serve(
+        model, index=i, threads=allocation.server_threads, engine=engine, served_model_name=servers.model_name,
+        seed=seed, log_path=log_path, cfg=cfg, host=host, cores=cores,
+    )  # fmt: skip

@@ -27,6 +27,7 @@ from asearch.engine.inprocess import InProcessEngineConfig
 from asearch.engine.pool import RolloutServersConfig
 from asearch.engine.supervisor import SupervisorConfig
 from asearch.errors import LaunchError
+from asearch.launch.registry import register_launcher
 from asearch.launch.spec import Allocation, Launcher
 
 # ---------------------------------------------------------------------------- actors (run on the cluster)
@@ -182,9 +183,12 @@ class RayTrainerGroup:
         self._all("load_state_dict", ray.put(state))
 
 
+@register_launcher("ray")
 class RayLauncher(Launcher):
     """Places the allocation on a Ray cluster: `start()` the servers (`urls`, `supervisors` for the pool),
     `trainer()` the FSDP ranks, `stop()` everything (idempotent; `asearch train` calls it on every exit)."""
+
+    places_trainer = True
 
     def __init__(self, model: str, allocation: Allocation, servers: RolloutServersConfig, **kwargs: Any):
         super().__init__(model, allocation, servers, **kwargs)
@@ -249,7 +253,7 @@ class RayLauncher(Launcher):
             for i in range(a.rollout_servers):
                 log_path = self.log_dir / f"rollout-{i}.log"
                 actor = actor_cls.remote(
-                    self.model, i, a, self.servers, self.engine, self.seed, str(log_path), self.sup_cfg
+                    self.model, i, a, self.servers, self.engine.options, self.seed, str(log_path), self.sup_cfg
                 )
                 actors.append((actor, log_path))
                 self._servers.append(actor)
@@ -268,9 +272,10 @@ class RayLauncher(Launcher):
     # ---- trainer ranks
 
     def trainer(self, trainer_cfg: Any, *, temperature: float, total_steps: int) -> RayTrainerGroup:
-        """The FSDP trainer on `allocation.trainer_ranks` actors, each loading `model` (call after `connect`)."""
+        """The FSDP trainer on `allocation.trainer_ranks` actors, each loading `model`."""
         import ray
 
+        self.connect()
         a = self.allocation
         _, rank_cpus = a.cpus(self.trainer_threads)
         actor_cls = ray.remote(TrainerRankActor).options(num_cpus=rank_cpus, num_gpus=a.rank_gpus)

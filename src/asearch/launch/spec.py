@@ -4,15 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field
 
 from asearch.config import Config
-from asearch.engine.inprocess import InProcessEngineConfig
 from asearch.engine.pool import RolloutServersConfig
+from asearch.engine.registry import EngineConfig
 from asearch.engine.supervisor import SupervisorConfig
 from asearch.files import atomic_write_json
+
+if TYPE_CHECKING:
+    from asearch.rl.trainer import Trainer
 
 
 class Allocation(Config):
@@ -55,7 +58,11 @@ class Allocation(Config):
 class Launcher:
     """Starts a run's rollout servers (`start`), says where they are (`urls`, and `supervisors` for the
     pool: `starts`, `restarts`, `failed`, `pid`, `name`, `log_path`) and stops them (`stop`, idempotent).
-    A new launcher is one subclass in its own file; `asearch.rl.run.make_launcher` picks it by name."""
+    `trainer()` places the trainer too, or returns None: it trains in this process.
+    A new launcher is one subclass in its own file, registered with `asearch.launch.registry.register_launcher`."""
+
+    # True for a launcher whose `trainer()` places trainer ranks (allocation.trainer_ranks > 1 needs one)
+    places_trainer: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -64,17 +71,21 @@ class Launcher:
         servers: RolloutServersConfig,
         *,
         log_dir: Path,
-        engine: InProcessEngineConfig | None = None,
+        engine: EngineConfig | None = None,
         seed: int = 0,
         trainer_threads: int = 1,
         supervisor: SupervisorConfig | None = None,
         log: Callable[[str], Any] = print,
     ):
         self.model, self.allocation, self.servers, self.log_dir = model, allocation, servers, Path(log_dir)
-        self.engine, self.seed, self.trainer_threads = engine or InProcessEngineConfig(), seed, trainer_threads
+        self.engine, self.seed, self.trainer_threads = engine or EngineConfig(), seed, trainer_threads
         self.sup_cfg, self.log = supervisor or SupervisorConfig(), log
         self.urls: list[str] = []
         self.supervisors: list[Any] = []
+
+    def trainer(self, trainer_cfg: Any, *, temperature: float, total_steps: int) -> Trainer | None:
+        """The trainer this launcher places (a `Trainer`), or None: the run trains in its own process."""
+        return None
 
     def start(self) -> None:
         raise NotImplementedError

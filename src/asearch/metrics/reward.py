@@ -5,12 +5,14 @@
     otherwise                    -> score = metric(answer, golds), blended with paraphrase golds:
                                     (1 - aug_weight) * m(answer, golds) + aug_weight * max(m(answer, golds), m(answer, aug))
 
-The format gate is all-or-nothing over the turns (see `check_format`). A trajectory may be a
-`Trajectory` or its `to_dict()` form, so rewards can be recomputed from results files.
+The format gate is all-or-nothing over the turns (see `check_format`); the action tags it knows are the
+agent's, recorded in the trajectory (`action_tags`: its tools' names and `answer`). A trajectory may be
+a `Trajectory` or its `to_dict()` form, so rewards can be recomputed from results files.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,7 +27,13 @@ __all__ = ["RewardConfig", "RewardResult", "check_format", "compute_reward"]
 
 _METRICS = {"f1": f1, "em": exact_match, "cem": cover_exact_match}
 _FORMAT_TAG = re.compile(r"<(/?)(think|summary)>", re.IGNORECASE)
-_ACTION_TAG = re.compile(r"</?(search|access|answer)>", re.IGNORECASE)
+# Trajectories recorded before they carried their action tags were all written by agents with these.
+TAGS_OF_UNTAGGED_TRAJECTORIES = ("search", "access", "answer")
+
+
+@functools.lru_cache(maxsize=64)
+def _action_tag(tags: tuple[str, ...]) -> re.Pattern[str]:
+    return re.compile(r"</?(" + "|".join(re.escape(t) for t in tags) + r")>", re.IGNORECASE)
 
 
 class RewardConfig(Config):
@@ -86,23 +94,25 @@ def _tag_problem(text: str) -> str | None:
     return f"<{stack[-1]}> is never closed" if stack else None
 
 
-def check_format(turns: Sequence[Any]) -> str | None:
+def check_format(turns: Sequence[Any], action_tags: Sequence[str]) -> str | None:
     """None when every turn is well formed, else the first problem ("turn 2 (act): ...").
 
-    An act turn (think + one action) is well formed when the agent loop parsed it without error
-    (`parse_error` is None: exactly one complete action tag, action tags balanced, argument
+    `action_tags` are the agent's (`Trajectory.action_tags`: its tools' names and "answer"). An act
+    turn (think + one action) is well formed when the agent loop parsed it without error (`parse_error`
+    is None: exactly one complete action tag, action tags balanced, argument
     non-empty), its `<think>`/`<summary>` tags are paired, and it holds at most one `<think>` block.
     A read turn (the model's summary of one result block; the loop opens `<summary>` for it and
     stops at `</summary>`) is well formed when "<summary>" + its text has paired tags — so a summary
     cut off by the token limit fails — and it contains no action tag.
     """
+    action_tag = _action_tag(tuple(action_tags))
     for i, turn in enumerate(turns, start=1):
         kind = _get(turn, "kind", "act")
         text = _get(turn, "output_text", "") or ""
         where = f"turn {i} ({kind})"
         if kind == "read":
             problem = _tag_problem("<summary>" + text)
-            if problem is None and (m := _ACTION_TAG.search(text)):
+            if problem is None and (m := action_tag.search(text)):
                 problem = f"action tag {m.group(0)} inside a summary"
         else:
             problem = _get(turn, "parse_error") or _tag_problem(text)
@@ -118,8 +128,11 @@ def compute_reward(
     golds: str | Sequence[str],
     cfg: RewardConfig | None = None,
     aug_golds: Sequence[str] = (),
+    *,
+    action_tags: Sequence[str] | None = None,
 ) -> RewardResult:
-    """Reward of one finished trajectory (a Trajectory or its dict) against its gold answers."""
+    """Reward of one finished trajectory (a Trajectory or its dict) against its gold answers.
+    `action_tags` (for the format gate): default, the trajectory's own."""
     cfg = cfg or RewardConfig()
     metric = _METRICS[cfg.metric]
     answer = _get(trajectory, "answer")
@@ -130,7 +143,9 @@ def compute_reward(
             score = (1.0 - cfg.aug_weight) * score + cfg.aug_weight * max(
                 score, metric(answer, list(aug_golds))
             )
-    problem = check_format(_get(trajectory, "turns", ()) or ()) if cfg.format_gate else None
+    if action_tags is None:
+        action_tags = _get(trajectory, "action_tags") or TAGS_OF_UNTAGGED_TRAJECTORIES
+    problem = check_format(_get(trajectory, "turns", ()) or (), action_tags) if cfg.format_gate else None
     if problem is not None:
         return RewardResult(cfg.invalid_answer_penalty, score, False, f"format: {problem}")
     if answer is None:

@@ -192,9 +192,8 @@ def build_tiny_model(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         use_sliding_window=False,
-        # plain matmul attention: 1.22x the training tokens/s of SDPA's CPU flash kernel at head size 32
-        # and ~150-token sequences (measured; the kernel's backward was 39% of a step). In-process only:
-        # a saved model loads with the library default.
+        # plain matmul attention trains faster on CPU than SDPA's flash kernel at these sizes (docs/demo.md).
+        # In-process only: a saved model loads with the library default.
         attn_implementation="eager",
     )
     # Seed a private generator state: building a model must not disturb the caller's RNG stream.

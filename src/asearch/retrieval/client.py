@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from asearch.corpus.types import Page
 from asearch.errors import RemoteError
+from asearch.net import LoopClient
 from asearch.retrieval.base import SearchHit
 from asearch.retrieval.protocol import (
     AccessRequest,
@@ -60,12 +61,8 @@ class RetrievalClient:
         self.base_url = url
         self.timeout, self.retries = timeout, retries
         self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
-        self._limits = httpx.Limits(
-            max_connections=max_connections, max_keepalive_connections=max_connections
-        )
-        self._transport = transport
-        self._http: httpx.AsyncClient | None = None
-        self._http_loop: asyncio.AbstractEventLoop | None = None
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._http = LoopClient(lambda: httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport))
 
     # ------------------------------------------------------------------ public API
 
@@ -103,12 +100,7 @@ class RetrievalClient:
         return await self._call("GET", "/stats", None, StatsResponse)
 
     async def aclose(self) -> None:
-        if self._http is not None:
-            http, self._http = self._http, None
-            try:
-                await http.aclose()
-            except RuntimeError:  # its loop is gone; the sockets went with it
-                pass
+        await self._http.aclose()
 
     async def __aenter__(self) -> RetrievalClient:
         return self
@@ -121,16 +113,6 @@ class RetrievalClient:
 
     # ------------------------------------------------------------------ plumbing
 
-    def _client(self) -> httpx.AsyncClient:
-        # An httpx client's pooled connections belong to one event loop; a new loop gets a new client.
-        loop = asyncio.get_running_loop()
-        if self._http is None or self._http_loop is not loop:
-            self._http = httpx.AsyncClient(
-                timeout=self.timeout, limits=self._limits, transport=self._transport
-            )
-            self._http_loop = loop
-        return self._http
-
     def _delay(self, attempt: int) -> float:
         return min(self.max_backoff_s, self.backoff_s * 2**attempt) * random.uniform(0.5, 1.0)
 
@@ -140,7 +122,7 @@ class RetrievalClient:
         last = ""
         for attempt in range(attempts):
             try:
-                resp = await self._client().request(method, url, json=payload)
+                resp = await self._http.get().request(method, url, json=payload)
             except (httpx.ReadTimeout, httpx.WriteTimeout) as e:
                 raise RemoteError(
                     f"{method} {url} timed out after {self.timeout:g} s ({type(e).__name__}); the server is "

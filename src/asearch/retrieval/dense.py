@@ -86,9 +86,7 @@ class Encoder:
     def __init__(self, cfg: DenseConfig):
         import torch
 
-        torch.set_num_threads(
-            cfg.threads
-        )  # two torch processes with all cores each slow each other down ~50x
+        torch.set_num_threads(cfg.threads)  # two torch processes with all cores each starve each other
         from sentence_transformers import SentenceTransformer
 
         self.cfg = cfg

@@ -130,7 +130,7 @@ class _Records:
 
     def _map(self, path: Path, dtype: str | None) -> Any:
         """A read-only mmap of `path`, as a numpy array of `dtype` (or raw bytes). np.frombuffer over mmap, not
-        np.memmap: indexing a memmap builds a memmap scalar per access, ~20x slower for single elements."""
+        np.memmap: indexing a memmap builds a memmap scalar per access, slow for single elements (docs/retrieval.md)."""
         with open(path, "rb") as f:
             if os.fstat(f.fileno()).st_size == 0:  # mmap of an empty file is an error; nothing to read anyway
                 return np.zeros(0, dtype) if dtype else b""

@@ -1,43 +1,65 @@
 """Advantages from group rewards: reward shaping, then GRPO (group-normalised) or RLOO (leave-one-out).
 
 Each group is the n samples of one question; the advantage of a sample is broadcast to all its tokens
-(no critic: GAE with gamma = lambda = 1 reduces to the sequence reward).
+(no critic: GAE with gamma = lambda = 1 reduces to the sequence reward). A new estimator is one
+function `(shaped rewards (G, n), cfg) -> advantages (G, n)` added to `ESTIMATORS`.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
 
 import torch
+from pydantic import field_validator
 
 from asearch.config import Config
 
 
 class AdvantageConfig(Config):
-    estimator: Literal["grpo", "rloo"] = "grpo"
+    estimator: str = "grpo"  # a key of ESTIMATORS
     reward_bias: float = 0.0  # r' = (r + bias) * scale, then clipped to [-clip, clip]
     reward_scale: float = 1.0
     reward_clip: float = 20.0
     std_normalize: bool = True  # grpo: divide by the group std (Dr.GRPO argues for False)
     eps: float = 1e-6
 
+    @field_validator("estimator")
+    @classmethod
+    def _known_estimator(cls, name: str) -> str:
+        if name not in ESTIMATORS:
+            raise ValueError(f"unknown advantage estimator {name!r}; choose one of {', '.join(ESTIMATORS)}")
+        return name
+
 
 def shape_rewards(rewards: torch.Tensor, cfg: AdvantageConfig) -> torch.Tensor:
     return ((rewards + cfg.reward_bias) * cfg.reward_scale).clamp(-cfg.reward_clip, cfg.reward_clip)
 
 
+def grpo_advantages(r: torch.Tensor, cfg: AdvantageConfig) -> torch.Tensor:
+    """A_i = (r_i - mean(r)) / (std(r) + eps), the std term only with `std_normalize`."""
+    adv = r - r.mean(dim=1, keepdim=True)
+    if cfg.std_normalize:
+        adv = adv / (r.std(dim=1, keepdim=True, unbiased=False) + cfg.eps)
+    return adv
+
+
+def rloo_advantages(r: torch.Tensor, cfg: AdvantageConfig) -> torch.Tensor:
+    """A_i = r_i - mean_{j != i}(r_j): the baseline is the mean of the other n-1 samples."""
+    n = r.shape[1]
+    assert n > 1, f"rloo needs at least 2 samples per group, got {n}"
+    baseline = (r.sum(dim=1, keepdim=True) - r) / (n - 1)
+    return r - baseline
+
+
+ESTIMATORS: dict[str, Callable[[torch.Tensor, AdvantageConfig], torch.Tensor]] = {
+    "grpo": grpo_advantages,
+    "rloo": rloo_advantages,
+}
+
+
 def group_advantages(rewards: torch.Tensor, cfg: AdvantageConfig) -> torch.Tensor:
     """rewards: (G, n) for G groups of n samples -> advantages (G, n)."""
-    G, n = rewards.shape
-    r = shape_rewards(rewards, cfg)
-    if cfg.estimator == "grpo":
-        adv = r - r.mean(dim=1, keepdim=True)
-        if cfg.std_normalize:
-            adv = adv / (r.std(dim=1, keepdim=True, unbiased=False) + cfg.eps)
-        return adv
-    assert n > 1, f"rloo needs at least 2 samples per group, got {n}"
-    baseline = (r.sum(dim=1, keepdim=True) - r) / (n - 1)  # mean of the other n-1 samples
-    return r - baseline
+    return ESTIMATORS[cfg.estimator](shape_rewards(rewards, cfg), cfg)
 
 
 def is_degenerate(rewards: torch.Tensor) -> torch.Tensor:

@@ -2,8 +2,8 @@
 
 Generation never waits for the slowest trajectory: a new group starts as soon as capacity allows,
 finished groups queue up, and a training batch takes the B oldest. Groups are rejected (and free
-capacity) when every sample got the same reward (no signal), when an episode raised, or when they
-became too stale to train on: a group admitted at version a is only trained at version <= a + eta,
+capacity) when every sample got the same reward (no signal), when the workflow rejected one of their
+episodes (it returned None), when an episode raised, or when they became too stale to train on: a group admitted at version a is only trained at version <= a + eta,
 so the bound holds per group, not just system-wide (in-flight hopeless groups are cancelled early).
 """
 
@@ -55,8 +55,8 @@ class Group:
         return min(versions) if versions else self.admitted_version
 
 
-EpisodeFn = Callable[[Any, int], Awaitable[Trajectory]]  # (sample, k-th sample of the group) -> trajectory
-RewardFn = Callable[[Trajectory, Any], float]
+# (sample, k-th sample of the group) -> a trajectory with its reward set, or None to reject the group
+EpisodeFn = Callable[[Any, int], Awaitable[Trajectory | None]]
 
 
 class RolloutController:
@@ -65,7 +65,6 @@ class RolloutController:
         cfg: ControllerConfig,
         data: Iterator[tuple[int, Any]],
         run_episode: EpisodeFn,
-        reward: RewardFn,
         *,
         staleness: StalenessManager | None = None,
         redo: list[tuple[int, Any]] | None = None,
@@ -73,7 +72,7 @@ class RolloutController:
         rejected: dict[str, int] | None = None,
         data_position: int = 0,
     ):
-        self.cfg, self.data, self.run_episode, self.reward = cfg, data, run_episode, reward
+        self.cfg, self.data, self.run_episode = cfg, data, run_episode
         self.staleness = staleness or StalenessManager(cfg.batch_size, cfg.max_staleness, cfg.max_concurrent)
         self.redo: list[tuple[int, Any]] = list(redo or [])  # prompts in flight at the last checkpoint
         self.ready: list[Group] = list(ready or [])
@@ -126,9 +125,15 @@ class RolloutController:
         cause = None
         try:
             n = self.cfg.group_size
-            group.trajectories = list(await asyncio.gather(*(self.run_episode(group.sample, k) for k in range(n))))
-            group.rewards = [float(self.reward(t, group.sample)) for t in group.trajectories]
-            if self.cfg.drop_zero_variance and max(group.rewards) - min(group.rewards) < 1e-9:
+            episodes = await asyncio.gather(*(self.run_episode(group.sample, k) for k in range(n)))
+            group.trajectories = [t for t in episodes if t is not None]
+            unscored = [t.id for t in group.trajectories if t.reward is None]
+            if unscored:
+                raise ValueError(f"the workflow returned unscored trajectories {unscored}")
+            group.rewards = [float(t.reward or 0.0) for t in group.trajectories]
+            if len(group.trajectories) < n:  # a group is compared within itself: a missing sample spoils it
+                cause = "rejected_episode"
+            elif self.cfg.drop_zero_variance and max(group.rewards) - min(group.rewards) < 1e-9:
                 cause = "zero_variance"
         except asyncio.CancelledError:
             cause = "stale"

@@ -2,27 +2,31 @@
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from asearch.config import Config
+from asearch.rl.optim import OptimConfig, lr_factor, make_optimizer
 from asearch.rl.trainer import Sample, micro_batches, sequence_logprobs
 
 
+def _sft_optim() -> OptimConfig:
+    return OptimConfig(lr=2e-3, weight_decay=0.01, warmup_steps=20, schedule="cosine", min_lr_ratio=0.1)
+
+
 class SFTConfig(Config):
-    steps: int = Field(400, ge=1)
+    steps: int = Field(400, ge=1, description="Optimizer steps (the cosine schedule ends at the last one).")
     batch_size: int = Field(32, ge=1, description="Sequences per optimizer step.")
-    lr: float = Field(2e-3, gt=0)
-    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Cosine decay to lr * this.")
-    warmup_steps: int = Field(20, ge=0)
-    weight_decay: float = Field(0.01, ge=0)
-    grad_clip: float = Field(1.0, gt=0)
-    token_budget: int = Field(16384, ge=64)
+    optim: OptimConfig = Field(
+        default_factory=_sft_optim,
+        description="AdamW and its schedule, as in RL; here lr 2e-3, weight decay 0.01, 20 warmup steps, cosine "
+        "to lr * 0.1 over `steps`. A partial mapping in YAML or `sft.optim.lr=...` keeps the other values.",
+    )
+    token_budget: int = Field(16384, ge=64, description="Padded tokens per forward micro-batch.")
     context_loss_weight: float = Field(
         0.0,
         ge=0,
@@ -40,22 +44,29 @@ class SFTConfig(Config):
     bf16: bool = Field(
         False,
         description="Run forward and backward under bfloat16 autocast (weights and optimizer stay float32): "
-        "on a CPU with AVX512-BF16, 1.25x the tokens/s of float32 for the demo's model (measured).",
+        "faster on CPUs with AVX512-BF16 (docs/demo.md).",
     )
-    seed: int = 0
+    seed: int = Field(0, description="Seeds the order in which samples are drawn.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _optimiser_keys_moved(cls, data: Any) -> Any:
+        """The optimiser's keys used to sit beside `steps`: say where they went."""
+        if not isinstance(data, dict):
+            return data
+        moved = sorted({"lr", "min_lr_ratio", "warmup_steps", "weight_decay", "grad_clip"} & set(data))
+        if moved:
+            raise ValueError(
+                f"{', '.join(moved)}: the SFT optimiser is now `optim`, the OptimConfig RL uses too "
+                f"({', '.join(f'sft.{k} -> sft.optim.{k}' for k in moved)})"
+            )
+        return data
 
 
 def sft(model: Any, samples: Sequence[Sample], cfg: SFTConfig, *, on_step: Callable[[int, float], None] | None = None):
     """Train `model` in place on `samples` (loss only where loss_mask is 1). Returns per-step losses."""
     rng = random.Random(cfg.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-
-    def lr_at(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return cfg.lr * (step + 1) / cfg.warmup_steps
-        p = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-        return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * p)))
-
+    opt = make_optimizer(model.parameters(), cfg.optim)
     model.train()
     device = next(model.parameters()).device.type
     context = None  # per sample: 1 on the read tokens the context loss covers (None: every read token)
@@ -72,7 +83,7 @@ def sft(model: Any, samples: Sequence[Sample], cfg: SFTConfig, *, on_step: Calla
         ctx = [context[i] if context is not None else [1 - m for m in samples[i].loss_mask] for i in picked]
         n_tokens = sum(s.n_generated + w_ctx * sum(c[1:]) for s, c in zip(batch, ctx, strict=True))  # 0 has no prediction
         for g in opt.param_groups:
-            g["lr"] = lr_at(step)
+            g["lr"] = cfg.optim.lr * lr_factor(cfg.optim, step, cfg.steps)
         opt.zero_grad(set_to_none=True)
         total = 0.0
         for micro in micro_batches(batch, cfg.token_budget):
@@ -88,7 +99,7 @@ def sft(model: Any, samples: Sequence[Sample], cfg: SFTConfig, *, on_step: Calla
             loss = -(lp * mask).sum() / max(n_tokens, 1)
             loss.backward()
             total += loss.item()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
         opt.step()
         losses.append(total)
         if on_step:

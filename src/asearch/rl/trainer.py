@@ -8,7 +8,6 @@ token-budget micro-batches and take one AdamW step.
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import random
 import shutil
@@ -23,20 +22,7 @@ from pydantic import Field
 from asearch.config import Config
 from asearch.rl.advantages import AdvantageConfig, group_advantages
 from asearch.rl.loss import LossConfig, decoupled_ppo_loss
-
-
-class OptimConfig(Config):
-    lr: float = Field(1e-4, gt=0, description="Peak learning rate.")
-    weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.95)
-    grad_clip: float = Field(1.0, gt=0, description="Max global grad norm.")
-    warmup_steps: int = Field(0, ge=0)
-    schedule: Literal["constant", "cosine"] = Field(
-        "constant",
-        description="cosine: from lr down to lr * min_lr_ratio over the run: its steps, or its time budget "
-        "(`max_rl_seconds`) when that runs out first.",
-    )
-    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine: final lr = lr * min_lr_ratio.")
+from asearch.rl.optim import OptimConfig, lr_factor, make_optimizer
 
 
 class TrainerConfig(Config):
@@ -108,8 +94,8 @@ def sequence_logprobs(model: Any, samples: Sequence[Sample], temperature: float,
     """log pi(token_t | tokens_<t) under the sampling temperature, shape (rows, longest); 0 at position 0.
 
     `generated_only`: only where the loss mask is 1 (0 elsewhere). The LM head and softmax then run on the
-    generated tokens alone, a fifth of an episode's positions in the CPU demo (1.16-1.29x a train step,
-    measured); a sharded or unlisted model still computes every position.
+    generated tokens alone (a fifth of an episode's positions in the CPU demo; docs/rl.md); a sharded or
+    unlisted model still computes every position.
     """
     device = next(model.parameters()).device
     longest = max(len(s.token_ids) for s in samples)
@@ -179,25 +165,14 @@ class PolicyTrainer:
         self.total_steps = max(total_steps, 1)
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay
-        )
+        self.optimizer = make_optimizer(model.parameters(), cfg.optim)
         self._progress: float | None = None  # the run's, when the caller says (see train_step)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.rng = random.Random(cfg.seed)
         self.step = 0  # optimizer steps taken
 
     def _lr_factor(self, opt_step: int) -> float:
-        o = self.cfg.optim
-        if o.warmup_steps and opt_step < o.warmup_steps:
-            return (opt_step + 1) / o.warmup_steps
-        if o.schedule == "constant":
-            return 1.0
-        total = self.total_steps * self.cfg.n_minibatches
-        progress = min(1.0, (opt_step - o.warmup_steps) / max(1, total - o.warmup_steps))
-        if self._progress is not None:
-            progress = min(1.0, max(progress, self._progress))
-        return o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        return lr_factor(self.cfg.optim, opt_step, self.total_steps * self.cfg.n_minibatches, self._progress)
 
     # -- the hooks a data-parallel trainer overrides (asearch.rl.distributed.DistributedPolicyTrainer);
     #    here: one process sees every sample.
@@ -261,22 +236,7 @@ class PolicyTrainer:
                 behav = _pad([s.behav_logprobs for s in rows], longest)
                 mask = _pad([s.loss_mask for s in rows], longest)
                 adv = torch.tensor([s.advantage for s in rows])[:, None].expand(-1, longest)
-                if cfg.prox == "recompute" and u == 0:
-                    prox_lp = logp.detach().cpu()  # no update yet: theta is the proximal policy
-                    for r, i in enumerate(idx):  # the next epoch trains these samples again
-                        prox[i] = prox_lp[r, : len(samples[i].token_ids)]
-                elif cfg.prox == "recompute":
-                    prox_lp = _pad([prox[i].tolist() for i in idx] or [[0.0] * longest], longest)
-                else:
-                    # log pi_prox ~ log pi_behav + alpha (log pi_theta - log pi_behav) with
-                    # alpha = (v_prox - v_behav) / (v_theta - v_behav); theta at update u of the step's U
-                    # counts as version v + u/U, so the first update is exact (alpha = 1: prox = theta).
-                    v_behav = _pad([s.versions for s in rows], longest, fill=float(policy_version))
-                    v_theta = policy_version + u / updates
-                    gap = (v_theta - v_behav).clamp(min=1e-9)
-                    alpha = ((policy_version - v_behav) / gap).clamp(0.0, 1.0)
-                    alpha = torch.where(v_theta - v_behav < 1e-9, torch.ones_like(alpha), alpha)
-                    prox_lp = behav + alpha * (logp.detach().cpu() - behav)
+                prox_lp = self._proximal(logp, behav, samples, idx, prox, update=(u, updates), policy_version=policy_version)
                 dev = logp.device
                 loss, s = decoupled_ppo_loss(
                     logp, prox_lp.to(dev), behav.to(dev), adv.to(dev), mask.to(dev), cfg.loss
@@ -299,6 +259,31 @@ class PolicyTrainer:
         out["perf/train_samples"] = float(len(samples))
         self.model.eval()
         return out
+
+    def _proximal(
+        self, logp: torch.Tensor, behav: torch.Tensor, samples: Sequence[Sample], idx: list[int],
+        prox: dict[int, torch.Tensor], *, update: tuple[int, int], policy_version: int,
+    ) -> torch.Tensor:  # fmt: skip
+        """log pi_prox of one micro-batch at update u of the step's U (`update`), per `trainer.prox`.
+        recompute: before the first update theta is the proximal policy (kept in `prox` for the next
+        epochs), after it the values `prox` holds. loglinear: log pi_prox ~ log pi_behav + alpha
+        (log pi_theta - log pi_behav), alpha = (v_prox - v_behav) / (v_theta - v_behav), where theta counts
+        as version v + u/U (so the first update is exact: alpha = 1, prox = theta)."""
+        (u, updates), longest = update, behav.shape[1]
+        if self.cfg.prox == "recompute" and u == 0:
+            prox_lp = logp.detach().cpu()  # no update yet: theta is the proximal policy
+            for r, i in enumerate(idx):  # the next epoch trains these samples again
+                prox[i] = prox_lp[r, : len(samples[i].token_ids)]
+            return prox_lp
+        if self.cfg.prox == "recompute":
+            return _pad([prox[i].tolist() for i in idx] or [[0.0] * longest], longest)
+        rows = [samples[i] for i in idx] or [_NOOP]
+        v_theta = policy_version + u / updates
+        v_behav = _pad([s.versions for s in rows], longest, fill=float(policy_version))
+        gap = (v_theta - v_behav).clamp(min=1e-9)
+        alpha = ((policy_version - v_behav) / gap).clamp(0.0, 1.0)
+        alpha = torch.where(v_theta - v_behav < 1e-9, torch.ones_like(alpha), alpha)
+        return behav + alpha * (logp.detach().cpu() - behav)
 
     def save_hf(self, directory: str | os.PathLike[str], tokenizer: Any = None) -> Path:
         """The policy as a Hugging Face directory (config + safetensors, and the tokenizer if given):

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from asearch.config import Config
+from asearch.engine.registry import EngineConfig
 
 DIRECT_ANSWER_PROMPT = (
     "Answer the question from memory with only the answer: a name, a year or a number. "
@@ -38,30 +39,35 @@ class EndpointConfig(Config):
 class SolverConfig(Config):
     """The tool-less model whose k direct answers measure difficulty."""
 
-    kind: Literal["inprocess", "chat"] = Field(
-        "inprocess", description="inprocess: a local HF model decoded in this process; chat: an endpoint."
-    )
-    model: str = Field(
-        "smollm2-135m-instruct",
-        description="HF directory or alias (inprocess), or the served model name (chat).",
-    )
-    base_url: str | None = Field(
-        None, description="chat: the endpoint's API root (http://127.0.0.1:8000/v1)."
+    engine: EngineConfig = Field(
+        default_factory=EngineConfig,
+        description="The model, as for every command (docs/engines.md): kind inprocess (a local model decoded "
+        "here) or openai (an OpenAI-compatible endpoint: base_url, model = its served name).",
     )
     k: int = Field(4, ge=1, description="Direct answers per question version.")
     temperature: float = Field(1.0, ge=0, description="Sampling temperature of the direct answers.")
     max_tokens: int = Field(24, ge=1, description="Tokens per direct answer (answers are short).")
     system_prompt: str = Field(DIRECT_ANSWER_PROMPT, description="What the solver is told.")
-    threads: int = Field(1, ge=1, description="inprocess: torch threads of the decode thread.")
-    max_batch: int = Field(64, ge=1, description="inprocess: requests decoded together.")
-    max_concurrency: int = Field(16, ge=1, description="chat: requests in flight.")
-    timeout_s: float = Field(120.0, gt=0, description="chat: per request.")
 
-    @model_validator(mode="after")
-    def _chat_needs_url(self) -> SolverConfig:
-        if self.kind == "chat" and not self.base_url:
-            raise ValueError("solver.kind='chat' needs solver.base_url (e.g. http://127.0.0.1:8000/v1)")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_keys_moved(cls, data: Any) -> Any:
+        """The older shape named the engine beside k (solver.kind=chat, solver.model=...): say where it went."""
+        moved = {"kind", "model", "base_url", "threads", "max_batch", "max_concurrency", "timeout_s"}
+        if isinstance(data, dict) and moved & set(data):
+            keys = ", ".join(f"solver.{k}" for k in sorted(moved & set(data)))
+            raise ValueError(
+                f"{keys}: the solver's model is now solver.engine, the engine config of every command "
+                "(solver.engine.kind=inprocess|openai, solver.engine.model, solver.engine.base_url, "
+                "solver.engine.threads, ...; kind 'chat' is now 'openai'; docs/engines.md)"
+            )
+        return data
+
+    @property
+    def name(self) -> str:
+        """How output rows name the solver's model: `inprocess:<model>`, `chat:<served name>`."""
+        kind = "chat" if self.engine.kind == "openai" else self.engine.kind
+        return f"{kind}:{self.engine.model}"
 
 
 class GradingConfig(Config):
@@ -197,7 +203,6 @@ class SynthConfig(Config):
         d = self.model_dump(mode="json")
         for key in ("n_questions", "max_seeds", "concurrency", "out"):
             d.pop(key)
-        d["solver"].pop("max_concurrency", None)
-        d["solver"].pop("max_batch", None)
-        d["solver"].pop("threads", None)
+        for key in ("max_concurrency", "max_batch", "threads", "timeout_s", "retries"):
+            d["solver"]["engine"].pop(key, None)  # how fast it answers, not what
         return d

@@ -2,7 +2,7 @@
 
 `plan_for(row)` turns a synthesised question's recorded statements into the chain of hops a searcher
 would follow: from an entity the question names, through the hidden entities, to the answer. The
-world's scripted expert (`asearch.demo.expert.WorldExpert`, no deliberate mistakes) then plays the
+world's scripted expert (`asearch.agent.expert.WorldExpert`, no deliberate mistakes) then plays the
 plan through the real agent loop against the real BM25 search tool: at each hop it searches the
 entity's name and may only go on (or answer) when the next value appears in what the search returned.
 So its score says how much of the answer a searcher can reach through retrieval when it reasons
@@ -15,8 +15,8 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from asearch.agent.expert import Plan, WorldExpert
 from asearch.corpus.world import RELATIONS
-from asearch.demo.expert import Plan, WorldExpert
 
 
 def plan_for(row: Mapping[str, Any]) -> Plan | None:

@@ -14,10 +14,10 @@ from typing import Any
 
 from asearch.corpus.world import RELATIONS, KnowledgeGraph, Range, WorldCorpus
 from asearch.corpus.world.names import form_words
+from asearch.corpus.world.questions import FINAL_ATTRIBUTES
 from asearch.synth.backend import Draft, EditAction, GateResult, Seed
 from asearch.synth.config import GateConfig, GraphBackendConfig
 from asearch.synth.pattern import (
-    ASKABLE,
     CONSTRAINABLE,
     HEAD_ATTRIBUTES,
     AttrConstraint,
@@ -142,7 +142,7 @@ class GraphBackend:
         """One fact of the seed: ask the entity it points to (or that points to it), or one of its attributes."""
         g = self.graph
         s = g.get(entity_id)
-        asks = [a for a in ASKABLE.get(s.type, ()) if a in s.attrs]
+        asks = [a for a in FINAL_ATTRIBUTES.get(s.type, ()) if a in s.attrs]  # what world questions ask
         if asks and rng.random() < self.cfg.ask_attribute_share:
             return GraphQuestion(nodes=(Node(s.id, s.type, True),), ask=rng.choice(asks))
         options: list[tuple[str, bool, str]] = []  # (relation, seed is subject, other entity)

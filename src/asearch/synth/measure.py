@@ -107,7 +107,7 @@ async def _direct(s: MeasureSettings, records: list[Any]) -> Any:
     from asearch.engine.types import GenerateRequest, SamplingParams
     from asearch.eval import evaluate_async
 
-    direct_cfg = SolverConfig(model=s.direct_model)
+    direct_cfg = SolverConfig(engine={"model": s.direct_model})
     engine_cfg = InProcessEngineConfig(threads=s.threads, max_batch=64, max_seq_len=s.max_context_tokens)
     engine = InProcessEngine.from_pretrained(s.direct_model, cfg=engine_cfg)
     stop_ids = [engine.tokenizer.eos_token_id] if engine.tokenizer.eos_token_id is not None else []
@@ -133,8 +133,8 @@ async def _direct(s: MeasureSettings, records: list[Any]) -> Any:
 async def _expert_agent(s: MeasureSettings, records: list[Any], corpus: str) -> tuple[Any, dict[str, Any]]:
     """The oracle expert through the real agent loop and BM25 search tool (deterministic, no model)."""
     from asearch.agent import AgentConfig
+    from asearch.agent.expert import WORLD_STYLE
     from asearch.agent.runtime import Runtime, ToolsConfig, build_tools
-    from asearch.demo.pipeline import DEMO_STYLE
     from asearch.engine.scripted import ScriptedEngine
     from asearch.eval import agent_solver, evaluate_async
     from asearch.models.loading import load_tokenizer
@@ -149,7 +149,7 @@ async def _expert_agent(s: MeasureSettings, records: list[Any], corpus: str) -> 
     )
     tokenizer = load_tokenizer(s.agent_model)
     agent_cfg = AgentConfig(
-        style="search-r1", style_options=DEMO_STYLE, max_turns=s.max_turns, max_new_tokens=64,
+        style="search-r1", style_options=WORLD_STYLE, max_turns=s.max_turns, max_new_tokens=64,
         max_context_tokens=100_000, temperature=0.0,
     )  # fmt: skip
     runtime = Runtime(ScriptedEngine(tokenizer, expert), tokenizer, tools, agent_cfg, closers)

@@ -21,17 +21,6 @@ AttrValue = int | str | Range | frozenset
 # Attributes shown as the head noun ("the chemist", "a steel company") rather than as a clause.
 HEAD_ATTRIBUTES = {"person": "occupation", "company": "industry", "book": "genre", "film": "genre",
                    "album": "genre", "event": "category"}  # fmt: skip
-# Attributes a question may ask for, per type of node 0.
-ASKABLE = {
-    "person": ("birth_year", "occupation"),
-    "city": ("founded",),
-    "company": ("founded",),
-    "university": ("founded",),
-    "book": ("year",),
-    "film": ("year",),
-    "album": ("year",),
-    "event": ("year",),
-}
 # Attributes that may constrain a node (gender has no sentence of its own on a page, so it never does).
 CONSTRAINABLE = {
     "person": ("birth_year", "occupation"),

@@ -1,7 +1,8 @@
 """The difficulty gate's solver: a model answering without tools, k times, and the grader of its answers.
 
-`ChatDirectSolver` asks an OpenAI-compatible endpoint; `EngineDirectSolver` decodes a local model with
-the in-process engine (SmolLM2 by default). Both send a per-answer seed derived from the question, so
+`build_solver` makes the engine `solver.engine` names through the engine registry: `ChatDirectSolver`
+asks an OpenAI-compatible endpoint (kind openai) the chat messages as they are; `EngineDirectSolver`
+runs any other engine (the in-process one, SmolLM2 by default). Both send a per-answer seed derived from the question, so
 a rerun asks the same questions the same way. `Grader` scores answers by EM, F1 or an LLM judge.
 """
 
@@ -53,7 +54,7 @@ class ChatDirectSolver:
 
     def __init__(self, client: Any, cfg: SolverConfig):
         self.client, self.cfg = client, cfg
-        self.name = f"chat:{cfg.model}"
+        self.name = cfg.name
 
     def messages(self, question: str) -> list[dict[str, str]]:
         return [{"role": "system", "content": self.cfg.system_prompt}, {"role": "user", "content": question}]
@@ -79,7 +80,7 @@ class EngineDirectSolver:
 
     def __init__(self, engine: Any, cfg: SolverConfig, name: str | None = None):
         self.engine, self.cfg = engine, cfg
-        self.name = name or f"inprocess:{cfg.model}"
+        self.name = name or cfg.name
         tok = getattr(engine, "tokenizer", None)
         self._stop_ids = [tok.eos_token_id] if tok is not None and tok.eos_token_id is not None else []
 
@@ -109,22 +110,18 @@ class EngineDirectSolver:
 
 
 def build_solver(cfg: SolverConfig) -> DirectSolver:
-    """The configured solver (loads the local model for `inprocess`)."""
-    if cfg.kind == "chat":
-        from asearch.engine.openai_chat import OpenAIChatClient
+    """The configured solver, its engine built through the registry (a local model is loaded here)."""
+    from asearch.engine.openai_chat import OpenAIChatEngine
+    from asearch.engine.registry import make_engine
 
-        assert cfg.base_url is not None  # the config validator guarantees it
-        client = OpenAIChatClient(
-            cfg.base_url, cfg.model, max_concurrency=cfg.max_concurrency, timeout=cfg.timeout_s
-        )
-        return ChatDirectSolver(client, cfg)
-    import torch
+    if cfg.engine.kind == "inprocess":
+        import torch
 
-    from asearch.engine.inprocess import InProcessEngine, InProcessEngineConfig
-
-    torch.set_num_threads(cfg.threads)
-    engine_cfg = InProcessEngineConfig(threads=cfg.threads, max_batch=cfg.max_batch, max_seq_len=1024)
-    return EngineDirectSolver(InProcessEngine.from_pretrained(cfg.model, cfg=engine_cfg), cfg)
+        torch.set_num_threads(cfg.engine.options.threads)  # this process's own torch work, like the engine's
+    engine = make_engine(cfg.engine)
+    if isinstance(engine, OpenAIChatEngine):  # the endpoint answers the messages as they are (no stop string)
+        return ChatDirectSolver(engine.client, cfg)
+    return EngineDirectSolver(engine, cfg)
 
 
 def chat_client(cfg: EndpointConfig) -> Any:

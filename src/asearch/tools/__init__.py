@@ -1,8 +1,27 @@
-"""Agent tools: the Tool protocol, the registry, and the built-in `search` and `access` tools."""
+"""Agent tools: the Tool protocol, the registry, `ToolsConfig` / `build_tools`, and the built-in tools
+`search` and `access`. Every other tool lives in its own module here (`asearch.tools.find`), found by the
+registry with no edit to this file."""
 
 from asearch.tools.access import AccessArgs, AccessTool, AccessToolConfig, LocalPageBackend, PageBackend
-from asearch.tools.base import DEFAULT_TOOL_TIMEOUT_S, Observation, Tool, ToolArgumentError, run_tool
-from asearch.tools.registry import available_tools, make_tool, register_tool
+from asearch.tools.base import (
+    DEFAULT_TOOL_TIMEOUT_S,
+    EpisodeContext,
+    Observation,
+    Tool,
+    ToolArgumentError,
+    ToolSources,
+    run_tool,
+    tool_argument_hint,
+    tool_counter,
+)
+from asearch.tools.build import ToolsConfig, ToolSourceConfig, build_tools, ensure_index, open_sources
+from asearch.tools.registry import (
+    argument_hints,
+    available_tools,
+    configurable_tools,
+    make_tool,
+    register_tool,
+)
 from asearch.tools.search import LocalSearchBackend, SearchArgs, SearchBackend, SearchTool, SearchToolConfig
 
 __all__ = [
@@ -10,6 +29,7 @@ __all__ = [
     "AccessArgs",
     "AccessTool",
     "AccessToolConfig",
+    "EpisodeContext",
     "LocalPageBackend",
     "LocalSearchBackend",
     "Observation",
@@ -20,8 +40,18 @@ __all__ = [
     "SearchToolConfig",
     "Tool",
     "ToolArgumentError",
+    "ToolSourceConfig",
+    "ToolSources",
+    "ToolsConfig",
+    "argument_hints",
     "available_tools",
+    "build_tools",
+    "configurable_tools",
+    "ensure_index",
     "make_tool",
+    "open_sources",
     "register_tool",
     "run_tool",
+    "tool_argument_hint",
+    "tool_counter",
 ]

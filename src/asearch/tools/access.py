@@ -22,7 +22,7 @@ from asearch.corpus.types import Page
 from asearch.errors import ToolError
 from asearch.retrieval.base import PageStore
 from asearch.retrieval.protocol import lookup_page, normalize_url
-from asearch.tools.base import Observation, ToolArgumentError
+from asearch.tools.base import EpisodeContext, Observation, ToolArgumentError, ToolSources
 from asearch.tools.registry import register_tool
 from asearch.tools.render import chunk_page, render_page_not_found
 
@@ -81,6 +81,11 @@ class AccessTool:
     """`access`: the argument is a url (or `{"url": "..."}`), usually one that search returned."""
 
     name = "access"
+    argument_hint = "url"
+    counter = "accesses"
+    order = 20
+    config_class = AccessToolConfig
+    enabled_by_default = True
 
     def __init__(
         self, backend: PageBackend | PageStore, config: AccessToolConfig | dict[str, Any] | None = None
@@ -90,14 +95,13 @@ class AccessTool:
             config if isinstance(config, AccessToolConfig) else AccessToolConfig.model_validate(config or {})
         )
 
+    @classmethod
+    def from_sources(cls, sources: ToolSources, config: AccessToolConfig) -> AccessTool:
+        return cls(sources.pages, config)
+
     @property
     def description(self) -> str:
-        c = self.config
-        return (
-            f"access: read the full page behind a url from the search results. Argument: the url. Returns the "
-            f"page text in up to {c.max_chunks} parts of {c.chunk_chars:,} characters, each headed "
-            f"`[page k/n of <url>]`."
-        )
+        return "<access>url</access> shows the full page at a url"
 
     def parse(self, raw: str) -> AccessArgs:
         text = raw.strip()
@@ -115,7 +119,7 @@ class AccessTool:
             raise ToolArgumentError("the url to access is empty")
         return AccessArgs(url=url)
 
-    async def call(self, args: AccessArgs) -> Observation:
+    async def call(self, args: AccessArgs, episode: EpisodeContext) -> Observation:
         start = time.perf_counter()
         pages = await self.backend.access([args.url])
         page = pages[0] if pages else None
@@ -130,6 +134,7 @@ class AccessTool:
                     "latency_s": round(time.perf_counter() - start, 6),
                 },
             )
+        episode.pages.append(page)
         cut = chunk_page(
             page.contents, page.url, chunk_chars=self.config.chunk_chars, max_chunks=self.config.max_chunks
         )

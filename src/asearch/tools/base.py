@@ -1,7 +1,9 @@
 """The Tool seam: parse the agent's raw argument text, call, return an `Observation` the agent reads.
 
 `run_tool` is the only way the agent loop calls a tool: bad arguments, remote failures and timeouts
-come back as observations with `metadata["error"]` set, never as exceptions.
+come back as observations with `metadata["error"]` set, never as exceptions. One tool object serves
+every concurrent episode; what it must remember about one episode lives in that episode's
+`EpisodeContext`, which the loop hands to every call.
 
     ToolError (asearch.errors)
     └── ToolArgumentError      the agent's argument text cannot be used (empty query, no url, ...)
@@ -15,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
+from asearch.corpus.types import Page
 from asearch.errors import RemoteError, ToolError
 
 log = logging.getLogger(__name__)
@@ -42,9 +45,39 @@ class Observation:
         return self.error is None
 
 
+@dataclass(slots=True)
+class EpisodeContext:
+    """What the tool calls of one episode share: the pages `access` showed it, oldest first. The agent
+    loop makes one per episode; `find` reads the last page from it."""
+
+    pages: list[Page] = field(default_factory=list)
+
+    @property
+    def last_page(self) -> Page | None:
+        return self.pages[-1] if self.pages else None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSources:
+    """What configured tools are built on, opened once from `tools:` (a local index, a retrieval server
+    or the web): `search` is a Retriever or anything with `async search(queries, topk)`; `pages` is a
+    PageStore or anything with `async access(urls)`."""
+
+    search: Any
+    pages: Any
+
+
 @runtime_checkable
 class Tool(Protocol[ArgsT]):
-    """A tool the agent can call. `description` is the text the prompt shows for it."""
+    """A tool the agent can call: `name` is its action tag (`<name>argument</name>`) and its registry
+    name; `description` is its line in the prompt's tool list, e.g. `<search>keywords</search> searches
+    the encyclopedia ...` (the style adds the separator).
+
+    Optional class attributes, read with defaults by the agent and `build_tools` (see `tool_argument_hint`,
+    `tool_counter` and `asearch.tools.registry`): `argument_hint` ("query"; default "argument"), `counter`
+    (the trajectory counter of its calls, "searches"; default its name), `order`, `config_class`,
+    `enabled_by_default` and `from_sources`.
+    """
 
     name: str
 
@@ -55,19 +88,35 @@ class Tool(Protocol[ArgsT]):
         """Arguments from the text the agent wrote between the tool's tags; raises ToolArgumentError."""
         ...
 
-    async def call(self, args: ArgsT) -> Observation:
-        """Run the tool; may raise ToolError or RemoteError (run_tool turns them into observations)."""
+    async def call(self, args: ArgsT, episode: EpisodeContext) -> Observation:
+        """Run the tool for one episode; may raise ToolError or RemoteError (run_tool turns them into
+        observations)."""
         ...
+
+
+def tool_argument_hint(tool: Tool[Any]) -> str:
+    """What goes between the tool's tags, for the agent's corrections ("put the query between the tags")."""
+    return getattr(tool, "argument_hint", "argument")
+
+
+def tool_counter(tool: Tool[Any]) -> str:
+    """The trajectory counter of the tool's calls: `counter` ("searches"), else its name."""
+    return getattr(tool, "counter", tool.name)
 
 
 DEFAULT_TOOL_TIMEOUT_S = 20.0
 
 
 async def run_tool(
-    tool: Tool[Any], raw: str, *, timeout_s: float | None = DEFAULT_TOOL_TIMEOUT_S
+    tool: Tool[Any],
+    raw: str,
+    *,
+    timeout_s: float | None = DEFAULT_TOOL_TIMEOUT_S,
+    episode: EpisodeContext | None = None,
 ) -> Observation:
-    """Parse and call `tool` within `timeout_s` seconds (None = no limit); every failure becomes an
-    observation like `search failed: timeout after 20 s` with `metadata["error"]` set to its kind.
+    """Parse and call `tool` within `timeout_s` seconds (None = no limit) for `episode` (None: a fresh
+    one, as for a call outside any episode); every failure becomes an observation like
+    `search failed: timeout after 20 s` with `metadata["error"]` set to its kind.
 
     A timed-out in-process call keeps running in its worker thread (threads cannot be cancelled); only
     the agent stops waiting for it.
@@ -77,7 +126,7 @@ async def run_tool(
     try:
         args = tool.parse(raw)
         async with asyncio.timeout(timeout_s):  # unlike wait_for, no extra task per call
-            obs = await tool.call(args)
+            obs = await tool.call(args, episode if episode is not None else EpisodeContext())
     except ToolArgumentError as e:
         kind, message = "bad_arguments", str(e)
     except TimeoutError:

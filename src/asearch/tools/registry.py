@@ -1,7 +1,16 @@
-"""Tool registry: `@register_tool` on a class, `make_tool(name, **kwargs)`, `available_tools()`.
+"""Tool registry: `@register_tool` on a class, `make_tool(name, **kwargs)`, `available_tools()`, and the
+tools a config can turn on (`configurable_tools()`, which `ToolsConfig` and `build_tools` are made from).
 
-Every module of the `asearch.tools` package is imported on the first lookup, so adding a tool is
-one new file in this package with a registered class; nothing else to edit.
+Every module of the `asearch.tools` package is imported on the first lookup, so adding a tool is one
+new file in this package with a registered class; nothing else to edit. A class that also declares
+how it is built from config gets its own section `tools.<name>` and is built by `build_tools`:
+
+    config_class = FindToolConfig      # its options: the section `tools.find`
+    enabled_by_default = False         # off unless the config sets `tools.find` (null turns any tool off)
+    order = 30                         # its place in the prompt's tool list and in the allowed actions
+
+    @classmethod
+    def from_sources(cls, sources: ToolSources, config: FindToolConfig) -> FindTool: ...
 """
 
 from __future__ import annotations
@@ -10,15 +19,19 @@ import difflib
 import importlib
 import pkgutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
+from asearch.config import Config
 from asearch.errors import ConfigError
-from asearch.tools.base import Tool
+from asearch.tools.base import Tool, ToolSources
 
 T = TypeVar("T", bound=type)
 
 _FACTORIES: dict[str, Callable[..., Tool[Any]]] = {}
 _discovered = False
+_discovering = False
+DEFAULT_ORDER = 100  # tools that do not say where they go are listed after the built-in ones
 
 
 @overload
@@ -45,15 +58,21 @@ def register_tool(target: Any = None, /) -> Any:
 
 
 def _discover() -> None:
-    """Import every module in asearch.tools once so their @register_tool decorators run."""
-    global _discovered
-    if _discovered:
+    """Import every module in asearch.tools once so their @register_tool decorators run. A module that
+    looks tools up while it is imported (`build` makes ToolsConfig) gets them all: the flag only stops
+    the imports from starting over."""
+    global _discovered, _discovering
+    if _discovered or _discovering:
         return
     import asearch.tools as package
 
-    for mod in pkgutil.iter_modules(package.__path__):
-        if not mod.name.startswith("_"):
-            importlib.import_module(f"{package.__name__}.{mod.name}")
+    _discovering = True
+    try:
+        for mod in pkgutil.iter_modules(package.__path__):
+            if not mod.name.startswith("_"):
+                importlib.import_module(f"{package.__name__}.{mod.name}")
+    finally:
+        _discovering = False
     _discovered = True
 
 
@@ -61,6 +80,14 @@ def available_tools() -> list[str]:
     """Names `make_tool` accepts, sorted."""
     _discover()
     return sorted(_FACTORIES)
+
+
+def argument_hints() -> dict[str, str]:
+    """{registered tool name: what goes between its tags} (its `argument_hint`, default "argument"), sorted."""
+    _discover()
+    return {
+        name: getattr(factory, "argument_hint", "argument") for name, factory in sorted(_FACTORIES.items())
+    }
 
 
 def make_tool(name: str, **kwargs: Any) -> Tool[Any]:
@@ -72,3 +99,47 @@ def make_tool(name: str, **kwargs: Any) -> Tool[Any]:
         hint = f"; did you mean {near[0]!r}?" if near else ""
         raise ConfigError(f"unknown tool {name!r}{hint} (available: {', '.join(sorted(_FACTORIES))})")
     return factory(**kwargs)
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigurableTool:
+    """A registered tool that config can turn on: its section `tools.<name>` holds a `config_class`."""
+
+    name: str
+    config_class: type[Config]
+    enabled_by_default: bool
+    order: int
+    build: Callable[[ToolSources, Any], Tool[Any]]  # the class's from_sources(sources, config)
+
+    @property
+    def section_description(self) -> str:
+        """The Field description of `tools.<name>`: the options' docstring, then how to turn it on or off."""
+        doc = (self.config_class.__doc__ or "").strip().splitlines()[0] if self.config_class.__doc__ else ""
+        switch = (
+            "Null turns it off."
+            if self.enabled_by_default
+            else f"Off by default; `tools.{self.name}={{}}` (or true) turns it on."
+        )
+        return f"The `{self.name}` tool, for any source: {doc} {switch}".replace("  ", " ")
+
+
+def configurable_tools() -> list[ConfigurableTool]:
+    """The registered tools that declare `config_class` and `from_sources`, in `order` (then by name):
+    the order of the prompt's tool list and of the tools `build_tools` returns."""
+    _discover()
+    out = []
+    for name, cls in _FACTORIES.items():
+        config_class = getattr(cls, "config_class", None)
+        from_sources = getattr(cls, "from_sources", None)
+        if config_class is None or from_sources is None:
+            continue  # built in code only (make_tool / the constructor)
+        out.append(
+            ConfigurableTool(
+                name=name,
+                config_class=config_class,
+                enabled_by_default=bool(getattr(cls, "enabled_by_default", False)),
+                order=int(getattr(cls, "order", DEFAULT_ORDER)),
+                build=from_sources,
+            )
+        )
+    return sorted(out, key=lambda t: (t.order, t.name))

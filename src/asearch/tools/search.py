@@ -18,7 +18,8 @@ from pydantic import Field
 from asearch.config import Config
 from asearch.errors import ToolError
 from asearch.retrieval.base import Retriever, SearchHit
-from asearch.tools.base import Observation, ToolArgumentError
+from asearch.retrieval.batching import MicroBatcher
+from asearch.tools.base import EpisodeContext, Observation, ToolArgumentError, ToolSources
 from asearch.tools.registry import register_tool
 from asearch.tools.render import render_search
 
@@ -56,7 +57,6 @@ class LocalSearchBackend:
     worker thread, so the event loop never blocks and the retriever is called from one thread."""
 
     def __init__(self, retriever: Retriever, *, batch_window_ms: float = 0.0, max_batch: int = 256):
-        from asearch.retrieval.server import MicroBatcher  # the server module imports fastapi; load it on use
 
         self.retriever = retriever
         self._batcher = MicroBatcher(
@@ -102,6 +102,11 @@ class SearchTool:
     """`search`: the argument is the query text (or `{"query": "..."}`)."""
 
     name = "search"
+    argument_hint = "query"
+    counter = "searches"
+    order = 10
+    config_class = SearchToolConfig
+    enabled_by_default = True
 
     def __init__(
         self, backend: SearchBackend | Retriever, config: SearchToolConfig | dict[str, Any] | None = None
@@ -113,14 +118,14 @@ class SearchTool:
             else config
         )
 
+    @classmethod
+    def from_sources(cls, sources: ToolSources, config: SearchToolConfig) -> SearchTool:
+        return cls(sources.search, config)
+
     @property
     def description(self) -> str:
-        return (
-            f"search: look up a query in the corpus. Argument: the query text. Returns the top "
-            f"{self.config.topk} passages, each as `[Doc k]"
-            + ("(url)" if self.config.show_urls else "")
-            + ("` and its text on one line." if self.config.compact else ":` followed by its text.")
-        )
+        urls = " with their urls" if self.config.show_urls else ""
+        return f"<search>keywords</search> searches the encyclopedia and shows the top passages{urls}"
 
     def parse(self, raw: str) -> SearchArgs:
         text = raw.strip()
@@ -142,7 +147,7 @@ class SearchTool:
             )
         return SearchArgs(query=text)
 
-    async def call(self, args: SearchArgs) -> Observation:
+    async def call(self, args: SearchArgs, episode: EpisodeContext) -> Observation:
         start = time.perf_counter()
         results = await self.backend.search([args.query], self.config.topk)
         hits = results[0] if results else []

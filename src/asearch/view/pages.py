@@ -31,6 +31,18 @@ def _q(**params: Any) -> str:
     return urlencode({k: v for k, v in params.items() if v not in (None, "")})
 
 
+def _pager(path: str, params: dict[str, Any], page: int, matched: int, page_size: int, back: str, forward: str) -> str:
+    """`<- back · page i / n · forward ->` for a listing at `path` (the query keeps `params`)."""
+    pages = max(1, math.ceil(matched / page_size))
+    nav = []
+    if page > 0:
+        nav.append(f'<a href="{path}?{esc(_q(**params, page=page - 1))}">← {back}</a>')
+    nav.append(f"page {page + 1} / {pages}")
+    if page + 1 < pages:
+        nav.append(f'<a href="{path}?{esc(_q(**params, page=page + 1))}">{forward} →</a>')
+    return f'<p class="pager">{" · ".join(nav)}</p>'
+
+
 def safe_link(url: Any, text: Any = None) -> str:
     """A link for http(s) urls only (a `javascript:` url in model output must never become an href)."""
     if isinstance(url, str) and url.lower().startswith(("http://", "https://")):
@@ -49,7 +61,7 @@ class Chart:
     note: str = ""
 
 
-# Metric names written by `asearch.rl.run` (`_rollout_metrics`, the perf/ block), the trainer and the loss.
+# Metric names written by `asearch.rl.loop` (`rollout_metrics`, the perf/ block), the trainer and the loss.
 CHARTS: tuple[Chart, ...] = (
     Chart("Reward", ("rollout/reward_mean", "rollout/accuracy"), "mean over the step's trajectories"),
     Chart("Held-out accuracy", ("eval/heldout_acc",), "greedy, held-out questions"),
@@ -440,18 +452,11 @@ def trajectories_page(
             f'<span class="a">→ {esc(_clip(r.answer, 60)) if r.answer is not None else "<i>no answer</i>"}</span>'
             f'<span class="meta">{esc(" · ".join(meta))}</span></a></li>'
         )
-    pages = max(1, math.ceil(matched / page_size))
-    nav = []
-    if page > 0:
-        nav.append(f'<a href="/trajectories?{esc(_q(**base, page=page - 1))}">← newer</a>')
-    nav.append(f"page {page + 1} / {pages}")
-    if page + 1 < pages:
-        nav.append(f'<a href="/trajectories?{esc(_q(**base, page=page + 1))}">older →</a>')
     listing = (
         f'<p class="muted">{matched} of {total} trajectories match <span id="new-trajectories" '
         f'data-run="{esc(run_id)}" data-total="{total}"></span></p>'
         f'<ol class="traj-list">{"".join(items) or "<li class=muted>nothing matches</li>"}</ol>'
-        f'<p class="pager">{" · ".join(nav)}</p>'
+        + _pager("/trajectories", base, page, matched, page_size, "newer", "older")
     )
     empty = '<p class="muted">Pick a trajectory on the left.</p>'
     return (
@@ -794,14 +799,7 @@ def synth_page(
         f'<label><input type="checkbox" name="verified" value="1"{" checked" if only_verified else ""}> verified only</label>'
         '<button type="submit">filter</button></form>'
     )
-    pages = max(1, math.ceil(matched / page_size))
     base = {"run": run_id, "q": text, "verified": "1" if only_verified else ""}
-    nav = []
-    if page > 0:
-        nav.append(f'<a href="/synth?{esc(_q(**base, page=page - 1))}">← previous</a>')
-    nav.append(f"page {page + 1} / {pages}")
-    if page + 1 < pages:
-        nav.append(f'<a href="/synth?{esc(_q(**base, page=page + 1))}">next →</a>')
     head = f'<p class="muted">{matched} of {total} questions shown ({verified} verified unique)</p>'
     filters = (
         f"<details><summary>Filter report (filter_report.json)</summary>{_kv_table(report)}</details>"
@@ -811,5 +809,5 @@ def synth_page(
     return (
         f"<h1>Synthesis</h1>{form}{head}{filters}"
         f'<div class="synth">{"".join(cards) or "<p class=muted>nothing matches</p>"}</div>'
-        f'<p class="pager">{" · ".join(nav)}</p>'
+        + _pager("/synth", base, page, matched, page_size, "previous", "next")
     )

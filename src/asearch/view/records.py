@@ -88,7 +88,8 @@ def split_record(record: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
 
 def outcome_of(traj: dict[str, Any], result: dict[str, Any]) -> tuple[Outcome, float | None]:
     """Correct means a score of 1: the judge's verdict when one was given, else EM (eval), else the
-    training reward metric (`metadata.score`); a record with none of these is unscored."""
+    training reward metric (`score`; `metadata.score` in runs before it had a field); a record with none of
+    these is unscored."""
     judge = result.get("judge")
     if isinstance(judge, dict) and isinstance(judge.get("correct"), bool):
         score: float | None = float(judge["correct"])
@@ -96,7 +97,9 @@ def outcome_of(traj: dict[str, Any], result: dict[str, Any]) -> tuple[Outcome, f
         score = _num(result.get("em"))
     else:
         meta = traj.get("metadata")
-        score = _num(meta.get("score")) if isinstance(meta, dict) else None
+        score = _num(traj.get("score"))
+        if score is None and isinstance(meta, dict):
+            score = _num(meta.get("score"))
     if score is None:
         return "unscored", None
     return ("correct" if score >= 1.0 - 1e-9 else "wrong"), score

@@ -1,7 +1,7 @@
 """Web search and page reading for the agent's `search` / `access` tools: Serper and SearXNG search, a
 Jina-style reader and guarded direct fetches, with a persistent cache, cost accounting and an SSRF guard.
 
-    tools = build_web_tools(WebConfig(...)).tools   # {"search": SearchTool, "access": AccessTool}
+    web = open_web(WebConfig(...))   # web.search, web.pages: backends for SearchTool / AccessTool
 
 Names are imported on first use, so `import asearch.web.cache` (or a subprocess that needs only the
 cache) does not pay for the tool stack.
@@ -29,13 +29,12 @@ if TYPE_CHECKING:
     from asearch.web.runtime import WebRuntime, web_metrics
     from asearch.web.searxng import SearxngBackend, SearxngConfig
     from asearch.web.serper import SerperBackend, SerperConfig
+    from asearch.web.sources import WebConfig, WebPageBackend, WebSources, open_web
     from asearch.web.ssrf import GuardedTransport, SsrfBlocked, UrlPolicy, address_problem, check_url
-    from asearch.web.tools import WebConfig, WebPageBackend, WebTools, build_web_tools
 
 _WHERE: dict[str, str] = {
     "address_problem": "asearch.web.ssrf",
     "BudgetExceeded": "asearch.web.cost",
-    "build_web_tools": "asearch.web.tools",
     "CacheConfig": "asearch.web.cache",
     "CacheMiss": "asearch.web.cache",
     "check_url": "asearch.web.ssrf",
@@ -53,6 +52,7 @@ _WHERE: dict[str, str] = {
     "JinaReaderBackend": "asearch.web.jina",
     "normalize_query": "asearch.web.cache",
     "normalize_url_key": "asearch.web.cache",
+    "open_web": "asearch.web.sources",
     "PageGone": "asearch.web.fetch",
     "RateLimiter": "asearch.web.resilience",
     "Resilience": "asearch.web.resilience",
@@ -66,10 +66,10 @@ _WHERE: dict[str, str] = {
     "TransientError": "asearch.web.resilience",
     "UrlPolicy": "asearch.web.ssrf",
     "WebCache": "asearch.web.cache",
-    "WebConfig": "asearch.web.tools",
-    "WebPageBackend": "asearch.web.tools",
+    "WebConfig": "asearch.web.sources",
+    "WebPageBackend": "asearch.web.sources",
     "WebRuntime": "asearch.web.runtime",
-    "WebTools": "asearch.web.tools",
+    "WebSources": "asearch.web.sources",
     "web_metrics": "asearch.web.runtime",
 }
 
@@ -104,13 +104,13 @@ __all__ = [
     "WebConfig",
     "WebPageBackend",
     "WebRuntime",
-    "WebTools",
+    "WebSources",
     "address_problem",
-    "build_web_tools",
     "check_url",
     "extract_text",
     "normalize_query",
     "normalize_url_key",
+    "open_web",
     "web_metrics",
 ]
 

@@ -8,7 +8,6 @@ callers (`asearch.web.ssrf`).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from typing import Any
 import httpx
 
 from asearch.errors import ConfigError, RemoteError
+from asearch.net import LoopClient
 from asearch.web.resilience import TransientError
 
 RETRIED_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
@@ -125,27 +125,17 @@ class ApiClient:
         self.timeout_s, self.max_bytes = timeout_s, max_bytes
         self._headers = dict(headers or {})
         self._secret, self._key_env = secret, key_env
-        self._limits = httpx.Limits(
-            max_connections=max_connections, max_keepalive_connections=max_connections
-        )
-        self._transport = transport
-        self._http: httpx.AsyncClient | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def _client(self) -> httpx.AsyncClient:
-        # Pooled connections belong to one event loop; a new loop gets a new client.
-        loop = asyncio.get_running_loop()
-        if self._http is None or self._loop is not loop:
-            self._http = httpx.AsyncClient(
-                timeout=self.timeout_s,
-                limits=self._limits,
-                transport=self._transport,
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._http = LoopClient(
+            lambda: httpx.AsyncClient(
+                timeout=timeout_s,
+                limits=limits,
+                transport=transport,
                 headers=self._headers,
                 follow_redirects=False,
                 trust_env=False,
             )
-            self._loop = loop
-        return self._http
+        )
 
     async def request(
         self,
@@ -158,7 +148,7 @@ class ApiClient:
     ) -> ApiResponse:
         """One request; a non-2xx answer raises (see `status_error`), error texts never carry the key."""
         try:
-            async with self._client().stream(
+            async with self._http.get().stream(
                 method, url, json=json_body, params=params, headers=headers
             ) as resp:
                 body = await read_limited(resp, self.max_bytes, "the answer")
@@ -175,9 +165,4 @@ class ApiClient:
             raise
 
     async def aclose(self) -> None:
-        if self._http is not None:
-            http, self._http = self._http, None
-            try:
-                await http.aclose()
-            except RuntimeError:  # its loop is gone; the sockets went with it
-                pass
+        await self._http.aclose()

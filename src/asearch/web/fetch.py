@@ -3,7 +3,6 @@ up to a byte limit, and only readable media types (HTML, text, PDF) are accepted
 
 from __future__ import annotations
 
-import asyncio
 import ssl
 from dataclasses import dataclass, field
 
@@ -12,6 +11,7 @@ from pydantic import Field
 
 from asearch.config import Config
 from asearch.errors import RemoteError, ToolError
+from asearch.net import LoopClient
 from asearch.web.api import BodyTooLarge, read_limited, retry_after_s
 from asearch.web.extract import Favor, parse_content_type, sniff_type
 from asearch.web.resilience import ResilienceConfig, TransientError
@@ -96,37 +96,32 @@ class SafeFetcher:
         self.config = config or FetchConfig()
         self._resolver = resolver
         self._ssl_context = ssl_context  # None: the system's verifying default (certifi when installed)
-        self._http: httpx.AsyncClient | None = None
-        self._transport: GuardedTransport | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._transport: GuardedTransport | None = None  # the current loop's client's
+        self._http = LoopClient(self._new_client)
 
     @property
     def blocked(self) -> int:
         """Connections the socket-level guard refused (url-level refusals raise before any socket)."""
         return self._transport.backend.blocked if self._transport is not None else 0
 
-    def _client(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        if self._http is None or self._loop is not loop:
-            c = self.config
-            self._transport = GuardedTransport(
-                c.guard,
-                resolver=self._resolver,
-                max_connections=c.max_connections,
-                ssl_context=self._ssl_context,
-            )
-            self._http = httpx.AsyncClient(
-                transport=self._transport,
-                timeout=httpx.Timeout(c.resilience.timeout_s, connect=c.connect_timeout_s),
-                follow_redirects=False,  # we follow them ourselves, checking each hop
-                trust_env=False,  # an env proxy would resolve names itself, around the guard
-                headers={
-                    "User-Agent": c.user_agent,
-                    "Accept": ", ".join([*c.content_types, "*/*;q=0.1"]),
-                },
-            )
-            self._loop = loop
-        return self._http
+    def _new_client(self) -> httpx.AsyncClient:
+        c = self.config
+        self._transport = GuardedTransport(
+            c.guard,
+            resolver=self._resolver,
+            max_connections=c.max_connections,
+            ssl_context=self._ssl_context,
+        )
+        return httpx.AsyncClient(
+            transport=self._transport,
+            timeout=httpx.Timeout(c.resilience.timeout_s, connect=c.connect_timeout_s),
+            follow_redirects=False,  # we follow them ourselves, checking each hop
+            trust_env=False,  # an env proxy would resolve names itself, around the guard
+            headers={
+                "User-Agent": c.user_agent,
+                "Accept": ", ".join([*c.content_types, "*/*;q=0.1"]),
+            },
+        )
 
     async def fetch(self, url: str) -> FetchedBody:
         c = self.config
@@ -159,7 +154,7 @@ class SafeFetcher:
     async def _hop(self, url: str, current: httpx.URL, redirects: list[str]) -> FetchedBody:
         """One request of the chain; a redirect answer raises _Redirect for `fetch` to vet and follow."""
         c = self.config
-        async with self._client().stream("GET", current) as resp:
+        async with self._http.get().stream("GET", current) as resp:
             location = resp.headers.get("location")
             if resp.status_code in REDIRECT_STATUS and location:
                 raise _Redirect(location)
@@ -193,9 +188,4 @@ class SafeFetcher:
             )
 
     async def aclose(self) -> None:
-        if self._http is not None:
-            http, self._http = self._http, None
-            try:
-                await http.aclose()
-            except RuntimeError:
-                pass
+        await self._http.aclose()

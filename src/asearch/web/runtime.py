@@ -91,7 +91,7 @@ class WebRuntime:
 def web_metrics(tools: Mapping[str, Any], *, end_step: bool = False) -> dict[str, float]:
     """`metrics()` of the WebRuntime behind an agent's tools (`{"web/cache/hit_rate": ..., ...}`), or {}
     when no tool is a web tool. Eval and training call this on whatever tools the config built, so they
-    need no web-specific wiring; tools from one `build_web_tools` share one runtime."""
+    need no web-specific wiring; the backends of one `open_web` share one runtime."""
     for tool in tools.values():
         runtime = getattr(getattr(tool, "backend", None), "runtime", None)
         if isinstance(runtime, WebRuntime):

@@ -93,6 +93,7 @@ class WorldQuestion:
 # "the country whose capital is X", "the marathon won by X". They are typed by their result
 # ("~creator:book"), and taken only when exactly one entity of that type matches.
 INVERSE_RELATIONS = ("founder", "creator", "capital", "winner")
+# Attributes a question may ask for (its answer), per type of the entity asked about.
 FINAL_ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "person": ("birth_year", "occupation"),
     "city": ("founded",),

@@ -1,8 +1,9 @@
-"""The web behind the agent's `search` and `access` tools: `WebPageBackend` (direct fetch + extraction),
-the `WebConfig` of a run, and `build_web_tools(cfg)` that wires search, reader, cache and costs together.
+"""The web as a source for the agent's tools: `WebPageBackend` (direct fetch + extraction), the `WebConfig`
+of a run, and `open_web(cfg)` that wires search, reader, cache and costs together into `WebSources`.
 
-The backends plug into the same `SearchTool` / `AccessTool` as local corpora, so rendering and page
-chunking are shared; failures reach the agent as observations through `run_tool`.
+The backends plug into the same `SearchTool` / `AccessTool` as local corpora (`asearch.tools.build_tools`
+with `tools.web` set), so rendering and page chunking are shared; failures reach the agent as
+observations through `run_tool`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from pydantic import Field
 
 from asearch.config import Config
 from asearch.corpus.types import Page
-from asearch.tools import AccessTool, AccessToolConfig, SearchTool, SearchToolConfig, Tool
 from asearch.web.cache import CacheConfig, WebCache, normalize_url_key
 from asearch.web.cost import CostConfig, CostMeter
 from asearch.web.extract import extract_text
@@ -111,22 +111,15 @@ class WebConfig(Config):
     cost: CostConfig = Field(
         default_factory=CostConfig, description="Prices per call and the run's budget cap."
     )
-    search_tool: SearchToolConfig = Field(
-        default_factory=SearchToolConfig,
-        description="The `search` tool's options; under the agent's `tools.web`, set tools.search instead.",
-    )
-    access_tool: AccessToolConfig = Field(
-        default_factory=AccessToolConfig,
-        description="The `access` tool's options; under the agent's `tools.web`, set tools.access instead.",
-    )
 
 
 @dataclass
-class WebTools:
-    """`tools` for `run_episode` ({"search": ..., "access": ...}), the shared `runtime` whose `metrics()`
-    go into a run's metrics, and the backends to close."""
+class WebSources:
+    """The backends behind web `search` (`search`) and `access` (`pages`), the shared `runtime` whose
+    `metrics()` go into a run's metrics, and what `aclose` closes."""
 
-    tools: dict[str, Tool[Any]]
+    search: SerperBackend | SearxngBackend
+    pages: WebPageBackend | JinaReaderBackend
     runtime: WebRuntime
     backends: list[Any] = field(default_factory=list)
 
@@ -139,9 +132,10 @@ class WebTools:
         self.runtime.close()
 
 
-def build_web_tools(cfg: WebConfig | None = None, *, resolver: Resolver | None = None) -> WebTools:
-    """Search + access over the web as configured. Raises ConfigError when a needed API key is missing
-    from the environment (unless the cache is in cache_only mode)."""
+def open_web(cfg: WebConfig | None = None, *, resolver: Resolver | None = None) -> WebSources:
+    """Search and page backends over the web as configured, sharing one cache and cost meter. Raises
+    ConfigError when a needed API key is missing from the environment (unless the cache is in
+    cache_only mode)."""
     cfg = cfg or WebConfig()
     runtime = WebRuntime(WebCache.from_config(cfg.cache), CostMeter(cfg.cost))
     searcher: SerperBackend | SearxngBackend = (
@@ -154,8 +148,4 @@ def build_web_tools(cfg: WebConfig | None = None, *, resolver: Resolver | None =
         if cfg.reader == "direct"
         else JinaReaderBackend(cfg.jina, runtime=runtime)
     )
-    tools: dict[str, Tool[Any]] = {
-        "search": SearchTool(searcher, cfg.search_tool),
-        "access": AccessTool(reader, cfg.access_tool),
-    }
-    return WebTools(tools=tools, runtime=runtime, backends=[searcher, reader])
+    return WebSources(search=searcher, pages=reader, runtime=runtime, backends=[searcher, reader])

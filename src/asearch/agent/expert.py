@@ -17,6 +17,16 @@ from typing import Any
 
 _NAME = re.compile(r"\b[A-Z][a-z]+(?: [A-Z][a-z]+)*\b")
 
+# The prompt format the expert reads (style options of the `search-r1` style): no system prompt, the question
+# on a `Question:` line, each result in an <information> block. The demo's agent uses it too.
+WORLD_STYLE = {
+    "system_prompt": "",
+    "use_chat_template": False,
+    "reading_turns": False,
+    "user_template": "Question: {question}",
+    "observation_template": "\n<information>\n{text}\n</information>\n",
+}
+
 
 @dataclass(frozen=True)
 class Plan:

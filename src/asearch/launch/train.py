@@ -1,0 +1,294 @@
+"""`asearch train`: a `TrainConfig` turned into what the RL loop runs on, then the loop.
+
+    records, tools -> workflows (training, held-out) -> launcher (if any) -> trainer -> resume
+    -> engine (in-process, or a pool over rollout servers) + how weights reach it -> `TrainingLoop`
+
+The engine is in-process by default; with `rollout_servers` it is a pool of rollout servers (given by
+URL, or started by the launcher `launcher` names) that load each version from RUN/weights/vN. A launcher
+may also place the trainer (`launcher=ray`: `allocation.trainer_ranks` FSDP ranks on the cluster).
+Everything started here is stopped on the way out, error or Ctrl-C included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import Field, model_validator
+
+from asearch.agent.loop import AgentConfig
+from asearch.agent.workflow import EpisodeItem, SearchAgentWorkflow
+from asearch.engine.inprocess import InProcessEngine
+from asearch.engine.pool import EnginePool, RolloutServersConfig, open_pool
+from asearch.engine.registry import EngineConfig
+from asearch.engine.types import Engine
+from asearch.errors import ConfigError
+from asearch.launch.registry import launcher_names, launcher_type, make_launcher
+from asearch.launch.spec import Allocation, Launcher
+from asearch.metrics.reward import RewardConfig
+from asearch.rl.checkpoint import resume_from_checkpoint
+from asearch.rl.loop import EvalSchedule, LoopConfig, TrainingLoop, write_summary
+from asearch.rl.trainer import PolicyTrainer, Trainer
+from asearch.rl.weights import DiskWeights, LiveWeights, WeightSync
+from asearch.runs import RunDir
+from asearch.tools import ToolsConfig, build_tools
+from asearch.web.runtime import web_metrics
+
+Log = Callable[[str], Any]
+
+
+class HeldoutConfig(EvalSchedule):
+    """Periodic evaluation on held-out questions (greedy), for the accuracy-vs-wall-time curve."""
+
+    dataset: str | None = Field(None, description="QA set spec or file (e.g. world:seed=200,n=100); None: no evaluation.")
+    tools: ToolsConfig | None = Field(None, description="Tools for the held-out corpus (default: training tools).")
+    concurrency: int = Field(64, ge=1, description="Held-out episodes running at once.")
+
+
+class TrainConfig(LoopConfig):
+    """One RL run: the loop's settings (`LoopConfig`: seed, rollout, trainer, steps, ...) and what it runs on."""
+
+    out: Path | None = Field(None, description="Run directory (default runs/train-<time>).")
+    model: str = Field(description="Initial policy: HF directory, name or alias.")
+    trainer_threads: int = Field(
+        1, ge=1, description="torch threads of the trainer (this process; under launcher=ray each rank). The "
+        "in-process engine's decode thread uses engine.threads, each launched server allocation.server_threads.",
+    )
+    engine: EngineConfig = Field(
+        default_factory=EngineConfig,
+        description="The in-process engine (kind inprocess, over the policy being trained: `model` is its model; "
+        "threads: its decode thread's); with a launcher, the servers' batch, length, dtype and prefix cache "
+        "(their threads: allocation.server_threads).",
+    )
+    rollout_servers: RolloutServersConfig | None = Field(
+        None, description="Generate on rollout servers instead of in this process (None: in-process engine)."
+    )
+    launcher: str = Field(
+        "none",
+        description="none: use the in-process engine or rollout_servers.urls; otherwise a registered launcher "
+        "(asearch.launch.registry): local starts allocation.rollout_servers servers on this machine "
+        "(subprocesses) for this run; ray starts the servers and allocation.trainer_ranks FSDP trainer ranks "
+        "as actors on a Ray cluster.",
+    )
+    allocation: Allocation = Field(default_factory=Allocation, description="What a launcher starts.")
+    tools: ToolsConfig = Field(default_factory=ToolsConfig, description="The agent's tools during training.")
+    corpus_from_data: bool = Field(
+        False,
+        description="Search each training question in the corpus its record names (`metadata.corpus`, which "
+        "built-in world sets carry), with `tools`' other settings; one index per corpus, built at start. "
+        "Trains on many worlds at once, so a policy cannot do well by remembering one world's facts.",
+    )
+    agent: AgentConfig = Field(default_factory=AgentConfig, description="The agent (its temperature samples RL).")
+    data: str = Field(description="Training questions: a QA set spec or file.")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="The RL reward (and the held-out metric).")
+    heldout: HeldoutConfig = Field(default_factory=HeldoutConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_runs_the_policy(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        if "threads" in data:
+            raise ValueError(
+                "`threads` is now `trainer_threads` (the trainer's torch threads); the in-process engine's are "
+                "`engine.threads` and each launched server's `allocation.server_threads`"
+            )
+        engine = data.get("engine") or {}
+        if isinstance(engine, Mapping) and "model" not in engine and "model" in data:
+            data = {**data, "engine": {**engine, "model": data["model"]}}  # the engine samples from the policy
+        return data
+
+    @model_validator(mode="after")
+    def _check_servers(self) -> TrainConfig:
+        if self.engine.kind != "inprocess" or self.engine.model != self.model:
+            raise ValueError(
+                f"engine: asearch train samples in process from the policy it trains (kind inprocess, model "
+                f"{self.model!r}; got kind {self.engine.kind!r}, model {self.engine.model!r}); for servers set "
+                "rollout_servers (and a launcher)"
+            )
+        urls = self.rollout_servers.urls if self.rollout_servers else []
+        if self.launcher != "none" and self.launcher not in launcher_names():
+            raise ValueError(f"unknown launcher {self.launcher!r}; choose none or one of {', '.join(launcher_names())}")
+        if self.launcher != "none" and urls:
+            raise ValueError(f"launcher={self.launcher} starts its own servers: drop rollout_servers.urls ({urls})")
+        placing = [n for n in launcher_names() if launcher_type(n).places_trainer]
+        if self.allocation.trainer_ranks > 1 and (self.launcher == "none" or not launcher_type(self.launcher).places_trainer):
+            raise ValueError(
+                f"allocation.trainer_ranks={self.allocation.trainer_ranks} needs a launcher that places trainer "
+                f"ranks ({', '.join(placing)}); launcher={self.launcher} trains in this process"
+            )
+        if self.corpus_from_data and (self.tools.server_url or self.tools.web or self.tools.index):
+            raise ValueError("corpus_from_data builds a local index per corpus: drop tools.server_url, tools.web and tools.index")
+        if self.launcher == "none" and self.rollout_servers is not None and not urls:
+            raise ValueError("rollout_servers needs urls of running servers, or launcher=local to start them")
+        return self
+
+    @property
+    def servers(self) -> RolloutServersConfig | None:
+        """The rollout servers' settings, or None when generation runs in this process."""
+        if self.launcher == "none":
+            return self.rollout_servers
+        return self.rollout_servers or RolloutServersConfig()
+
+
+# ---------------------------------------------------------------------------- the run
+
+
+async def train(cfg: TrainConfig, *, run: RunDir, log: Log = print, model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
+    """Run (or resume) RL training into `run`. Returns the summary dict (also written to summary.json).
+    `model` / `tokenizer`: the policy already in memory (default: loaded from `cfg.model`)."""
+    from asearch.models.loading import load_tokenizer
+
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(cfg.trainer_threads)
+    run.save_config(cfg)
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model)
+    records = load_records(cfg.data)
+    async with contextlib.AsyncExitStack() as stack:  # unwinds in reverse: engine, launcher, tools
+        tools, workflow, heldout_workflow, heldout = _open_workflows(cfg, tokenizer, records, stack)
+        launcher = make_launcher(
+            cfg.launcher, cfg.model, cfg.allocation, cfg.servers, engine=cfg.engine, log_dir=run.path / "logs",
+            seed=cfg.seed, trainer_threads=cfg.trainer_threads, log=log,
+        ) if cfg.launcher != "none" else None  # fmt: skip
+        if launcher is not None:  # stopped on every exit, also when the trainer or the servers fail to start
+            stack.push_async_callback(asyncio.to_thread, launcher.stop)
+        trainer, n_params = await _start_trainer(cfg, launcher, model)
+        resume = resume_from_checkpoint(run, trainer, log)
+        engine, weights = await stack.enter_async_context(
+            rollout_engine(cfg, run.path, trainer, tokenizer, resume.step, log, launcher)
+        )
+        B, n, eta = cfg.rollout.batch_size, cfg.rollout.group_size, cfg.rollout.max_staleness
+        log(
+            f"RL: {len(records)} questions, B={B} groups x n={n} samples = {B * n} trajectories/step, eta={eta} "
+            f"({'synchronous' if eta == 0 else 'one-step-off' if eta == 1 else 'fully asynchronous'}), "
+            f"<= {cfg.rollout.max_concurrent} groups in flight, {n_params:,} params"
+        )
+        loop = TrainingLoop(
+            cfg, run=run, engine=engine, trainer=trainer, workflow=workflow, records=records, weights=weights,
+            resume=resume, log=log, step_metrics=lambda: web_metrics(tools, end_step=True),
+            heldout=None if heldout_workflow is None else _heldout_eval(heldout_workflow, engine, heldout, cfg),
+        )  # fmt: skip
+        summary = await loop.run()
+        if isinstance(engine, EnginePool):
+            summary["rollout_servers"] = engine.stats()
+    write_summary(run, summary)
+    return summary
+
+
+def load_records(spec: str) -> list[dict[str, Any]]:
+    """The questions of a QA set spec or file, as jsonl dicts (what checkpoints store of queued groups)."""
+    from asearch.eval.datasets import load_dataset
+
+    return [r.model_dump(mode="json") for r in load_dataset(spec)]
+
+
+def _open_workflows(
+    cfg: TrainConfig, tokenizer: Any, records: Sequence[dict[str, Any]], stack: contextlib.AsyncExitStack
+) -> tuple[Any, SearchAgentWorkflow, SearchAgentWorkflow | None, list[Any]]:
+    """(training tools, the training workflow, the held-out workflow or None, held-out records); the
+    tools' closers go on `stack`."""
+    from asearch.eval.datasets import load_dataset
+
+    closers: list[Any] = []
+    stack.push_async_callback(_close_all, closers)
+    tools, more = build_tools(cfg.tools, progress=False)
+    closers += more
+    tools_of = _tools_per_corpus(cfg, records, tools, closers) if cfg.corpus_from_data else {}
+
+    def choose_tools(item: EpisodeItem) -> Any:
+        return tools_of.get(item.metadata.get("corpus"), tools)
+
+    workflow = SearchAgentWorkflow(tokenizer, choose_tools if tools_of else tools, cfg.agent, cfg.reward)
+    if not cfg.heldout.dataset:
+        return tools, workflow, None, []
+    heldout_tools = tools
+    if cfg.heldout.tools is not None:
+        heldout_tools, more = build_tools(cfg.heldout.tools, progress=False)
+        closers += more
+    greedy = cfg.agent.model_copy(update={"temperature": 0.0})
+    return tools, workflow, SearchAgentWorkflow(tokenizer, heldout_tools, greedy, cfg.reward), load_dataset(cfg.heldout.dataset)
+
+
+async def _close_all(closers: Sequence[Any]) -> None:
+    for close in closers:
+        if inspect.isawaitable(res := close()):  # web and server clients close asynchronously
+            await res
+
+
+def _tools_per_corpus(cfg: TrainConfig, records: Sequence[dict[str, Any]], default_tools: Any, closers: list[Any]) -> dict[str, Any]:
+    """corpus spec -> tools over it, for every corpus the records name (`corpus_from_data`)."""
+    corpora = {r["metadata"].get("corpus") for r in records}
+    if None in corpora or "" in corpora:
+        missing = next(r for r in records if not r["metadata"].get("corpus"))
+        raise ConfigError(
+            f"{cfg.data}: record {missing['id']!r} names no corpus (metadata.corpus), which corpus_from_data needs; "
+            "use a built-in world set or add the field"
+        )
+    out = {cfg.tools.corpus: default_tools} if cfg.tools.corpus else {}
+    for corpus in sorted(corpora - set(out)):
+        out[corpus], more = build_tools(cfg.tools.model_copy(update={"corpus": corpus, "index": None}), progress=False)
+        closers.extend(more)
+    return out
+
+
+def _heldout_eval(workflow: SearchAgentWorkflow, engine: Engine, records: Sequence[Any], cfg: TrainConfig):
+    """The loop's held-out evaluation: the mean answer metric of greedy episodes (the eval runner's)."""
+    from asearch.eval.runner import evaluate_workflow
+
+    async def heldout_accuracy() -> float:
+        return (await evaluate_workflow(workflow, engine, records, concurrency=cfg.heldout.concurrency)).mean_score
+
+    return heldout_accuracy
+
+
+async def _start_trainer(cfg: TrainConfig, launcher: Launcher | None, model: Any) -> tuple[Trainer, int]:
+    """(the trainer, its parameter count): the launcher's (e.g. FSDP ranks on a cluster), else this process's."""
+    if launcher is not None:
+        placed = await asyncio.to_thread(
+            launcher.trainer, cfg.trainer, temperature=cfg.agent.temperature, total_steps=cfg.steps
+        )
+        if placed is not None:
+            return placed, int(getattr(placed, "parameters", 0))
+    from asearch.models.loading import load_model
+
+    policy = model if model is not None else load_model(cfg.model)
+    trainer = PolicyTrainer(policy, cfg.trainer, temperature=cfg.agent.temperature, total_steps=cfg.steps)
+    return trainer, sum(p.numel() for p in policy.parameters())
+
+
+@contextlib.asynccontextmanager
+async def rollout_engine(
+    cfg: TrainConfig, run: Path, trainer: Trainer, tokenizer: Any, version: int, log: Log = print,
+    launcher: Launcher | None = None,
+) -> AsyncIterator[tuple[Engine, WeightSync]]:  # fmt: skip
+    """The engine the agents sample from, holding the trainer's weights as `version`, and how later
+    versions reach it: in-process (the default), or a pool over rollout servers, given by URL or started
+    by `launcher` (the caller stops it). Servers start from `model`, so they get the trainer's weights
+    (after a resume: the checkpoint's) before the first request."""
+    servers = cfg.servers
+    if servers is None:
+        assert isinstance(trainer, PolicyTrainer), "the in-process engine shares this process's policy"
+        engine = InProcessEngine(trainer.model, tokenizer, cfg=cfg.engine.options, version=version)
+        try:
+            yield engine, LiveWeights(engine, trainer)
+        finally:
+            await engine.close()
+        return
+    if launcher is not None:
+        await asyncio.to_thread(launcher.start)
+    urls, sups = (launcher.urls, launcher.supervisors) if launcher else (servers.urls, [])
+    engine = open_pool(servers, urls, supervisors=sups, version=version)
+    log(f"generation: {len(urls)} {servers.kind} rollout server(s) ({', '.join(urls)}), weights via disk")
+    try:
+        weights = DiskWeights(engine, trainer, tokenizer, run / "weights", servers.keep_weights)
+        await weights.push(version)
+        yield engine, weights
+    finally:
+        await engine.close()
+        if launcher is not None:
+            launcher.write_manifest()

@@ -1,0 +1,49 @@
+"""The optimiser and learning-rate schedule shared by the RL trainer and the supervised warm start."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import torch
+from pydantic import Field
+
+from asearch.config import Config
+
+__all__ = ["OptimConfig", "lr_factor", "make_optimizer"]
+
+
+class OptimConfig(Config):
+    lr: float = Field(1e-4, gt=0, description="Peak learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW moment decay rates.")
+    grad_clip: float = Field(1.0, gt=0, description="Max global grad norm.")
+    warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warmup from lr / warmup_steps to lr.")
+    schedule: Literal["constant", "cosine"] = Field(
+        "constant",
+        description="cosine: from lr down to lr * min_lr_ratio over the run: its steps, or its time budget "
+        "(`max_rl_seconds`) when that runs out first.",
+    )
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine: final lr = lr * min_lr_ratio.")
+
+
+def make_optimizer(params: Iterable[Any], cfg: OptimConfig) -> torch.optim.AdamW:
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+
+
+def lr_factor(cfg: OptimConfig, step: int, total_steps: int, progress: float | None = None) -> float:
+    """The learning rate of optimizer step `step` (0-based) as a fraction of `cfg.lr`.
+
+    Linear warmup over `warmup_steps`, then constant or a cosine from 1 down to `min_lr_ratio` at
+    `total_steps`. `progress` (0..1, e.g. the share of a time budget spent) moves the cosine further
+    when it is ahead of the step count.
+    """
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return 1.0
+    p = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
+    if progress is not None:
+        p = min(1.0, max(p, progress))
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * p))

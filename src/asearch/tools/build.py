@@ -1,0 +1,150 @@
+"""Tools from config: `ToolsConfig` (where the data comes from, plus one section per tool) and
+`build_tools(cfg) -> (tools, closers)`.
+
+The sections come from the registry: every registered tool with a `config_class` gets `tools.<name>`
+(`tools.search`, `tools.access`, `tools.find`, ...), on or off by the tool's `enabled_by_default`;
+null turns a tool off and `{}` (or true) turns it on with its defaults. A new tool file appears here
+with no edit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, create_model, model_validator
+
+from asearch.config import Config
+from asearch.files import cache_dir
+from asearch.retrieval.index import IndexConfig
+from asearch.tools.base import Tool, ToolSources
+from asearch.tools.registry import configurable_tools
+from asearch.web.sources import WebConfig
+
+
+class ToolSourceConfig(Config):
+    """Where the tools get their data: one of a corpus (index built and cached), an index dir, a server,
+    or the web. The corpus (it has a default) is ignored when one of the others is given."""
+
+    tool_names: ClassVar[tuple[str, ...]] = ()  # the tool sections of the subclass ToolsConfig
+
+    corpus: str | None = Field(
+        "wiki10k", description="wiki10k | world[:seed] | a jsonl path; indexed on first use."
+    )
+    index: Path | None = Field(None, description="A prebuilt index directory (asearch index build).")
+    server_url: str | None = Field(None, description="A retrieval server (asearch serve) to query over HTTP.")
+    method: Literal["bm25", "dense", "hybrid"] = Field(
+        "bm25", description="Retrieval method for local indexes."
+    )
+    build: IndexConfig = Field(
+        default_factory=IndexConfig, description="Settings when the index must be built."
+    )
+    web: WebConfig | None = Field(
+        None,
+        description="Search and read the open web instead (e.g. tools.web.search=serper, tools.web.reader=direct, "
+        "tools.web.cache.mode=cache_only); API keys come from environment variables only (docs/web.md).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _switches(cls, data: Any) -> Any:
+        """`tools.<name>=true` turns a tool on with its defaults, `false` turns it off (as null does)."""
+        if isinstance(data, dict) and any(isinstance(data.get(n), bool) for n in cls.tool_names):
+            data = dict(data)
+            for name in cls.tool_names:
+                if isinstance(data.get(name), bool):
+                    data[name] = {} if data[name] else None
+        return data
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ToolSourceConfig:
+        given = [k for k in ("index", "server_url", "web") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give only one of tools.index / tools.server_url / tools.web, got {given}")
+        if not given and not self.corpus:
+            raise ValueError("tools need a source: set tools.corpus, tools.index or tools.server_url")
+        return self
+
+    def enabled_tools(self) -> dict[str, Config]:
+        """{tool name: its options} for every tool this config turns on, in prompt order."""
+        return {name: opts for name in self.tool_names if (opts := getattr(self, name)) is not None}
+
+
+def _tools_config_model() -> type[ToolSourceConfig]:
+    """ToolSourceConfig plus a section `<name>: <config_class> | None` for every configurable tool."""
+    specs = configurable_tools()
+    sections: dict[str, Any] = {
+        spec.name: (
+            spec.config_class | None,
+            Field(default_factory=spec.config_class, description=spec.section_description)
+            if spec.enabled_by_default
+            else Field(None, description=spec.section_description),
+        )
+        for spec in specs
+    }
+    model = create_model(  # type: ignore[call-overload]
+        "ToolsConfig",
+        __base__=ToolSourceConfig,
+        __module__=__name__,
+        __doc__=inspect.cleandoc(ToolSourceConfig.__doc__ or "")
+        + f" One section per tool ({', '.join(s.name for s in specs)}); null turns one off.",
+        **sections,
+    )
+    model.tool_names = tuple(spec.name for spec in specs)
+    return model
+
+
+ToolsConfig = _tools_config_model()
+
+
+def ensure_index(corpus: str, cfg: IndexConfig, *, progress: bool = True) -> Path:
+    """The cached index of `corpus` under these settings, built on first use (atomically)."""
+    from asearch.corpus import open_corpus
+    from asearch.retrieval.index import build_index, open_index, read_manifest
+
+    source = open_corpus(corpus)
+    settings = hashlib.sha256(json.dumps(cfg.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+    fingerprint = hashlib.sha256(source.fingerprint().encode()).hexdigest()
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in source.name)
+    path = cache_dir("indexes") / f"{safe}-{fingerprint[:12]}-{settings[:10]}"
+    if (path / "manifest.json").exists():
+        try:
+            read_manifest(path)
+            open_index(path, expect_fingerprint=source.fingerprint())
+            return path
+        except Exception:
+            pass  # partial or stale: rebuild below (build_index replaces it only once complete)
+    return build_index(source, path, cfg, progress=progress, overwrite=True)
+
+
+def open_sources(cfg: ToolSourceConfig, *, progress: bool = True) -> tuple[ToolSources, list[Any]]:
+    """The search and page backends of the configured source, and their closers (a closer may be async)."""
+    if cfg.web is not None:
+        from asearch.web.sources import open_web
+
+        web = open_web(cfg.web)
+        return ToolSources(search=web.search, pages=web.pages), [web.aclose]
+    if cfg.server_url:
+        from asearch.retrieval.client import RetrievalClient
+
+        client = RetrievalClient(cfg.server_url)
+        return ToolSources(search=client, pages=client), [client.aclose] if hasattr(client, "aclose") else []
+    from asearch.retrieval.index import open_index
+
+    index = open_index(cfg.index or ensure_index(cfg.corpus or "", cfg.build, progress=progress))
+    closers = [index.close] if hasattr(index, "close") else []
+    return ToolSources(search=index.retriever(cfg.method), pages=index.pages), closers
+
+
+def build_tools(cfg: ToolSourceConfig, *, progress: bool = True) -> tuple[dict[str, Tool[Any]], list[Any]]:
+    """The tools `cfg` turns on, in prompt order, over a local index, a retrieval server or the web; returns
+    (tools, closers). A closer may be async. Web tools report their cache and cost counters via
+    `asearch.web.runtime.web_metrics`. A source no tool reads stays open until closed (e.g. the web reader
+    with access off)."""
+    sources, closers = open_sources(cfg, progress=progress)
+    specs = {spec.name: spec for spec in configurable_tools()}
+    tools = {name: specs[name].build(sources, options) for name, options in cfg.enabled_tools().items()}
+    return tools, closers
