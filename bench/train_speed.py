@@ -28,14 +28,15 @@ RESULTS = Path(__file__).parent / "results" / "train_speed.md"
 def demo_samples(n_questions: int):
     """Expert episodes of the demo (facts pages, top-2 compact results, p_skip 0.75) on one world, with its BPE."""
     from asearch.agent.expert import WorldExpert, plan_from_record
-    from asearch.agent.loop import AgentConfig, run_episode
-    from asearch.agent.runtime import ToolsConfig, build_tools
+    from asearch.agent.loop import AgentConfig
+    from asearch.agent.workflow import SearchAgentWorkflow, run_workflow
     from asearch.corpus.world import WorldCorpus
     from asearch.demo.pipeline import DEMO_STYLE, _tokenizer_texts
     from asearch.demo.worlds import world_records
     from asearch.engine.scripted import ScriptedEngine
     from asearch.models.tiny import build_tiny_model, train_bpe_tokenizer
     from asearch.rl.sft import trajectories_to_samples
+    from asearch.tools import ToolsConfig, build_tools
 
     world = WorldCorpus(1, 1000, names=255, pages="facts")
     records = world_records(1, 1000, n_questions, (1, 2, 3), "bench", 255, "facts", name_answers=True)
@@ -47,10 +48,9 @@ def demo_samples(n_questions: int):
     engine = ScriptedEngine(tokenizer, expert)
     agent = AgentConfig(style="search-r1", style_options=DEMO_STYLE, max_turns=8, max_new_tokens=48)
 
-    async def run():
-        return await asyncio.gather(*(run_episode(engine, tokenizer, tools, r.question, agent) for r in records))
-
-    samples = trajectories_to_samples(asyncio.run(run()))
+    workflow = SearchAgentWorkflow(tokenizer, tools, agent)
+    trajectories = asyncio.run(run_workflow(workflow, engine, records, concurrency=len(records)))
+    samples = trajectories_to_samples([t for t in trajectories if t is not None])
     for close in closers:
         close()
     return samples, lambda: build_tiny_model(tokenizer, seed=0)

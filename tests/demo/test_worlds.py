@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from asearch.agent.loop import AgentConfig
-from asearch.agent.runtime import ToolsConfig
 from asearch.demo.worlds import ExpertJob, WorldJob, expert_episodes, interleave, prepare_world, worker_pool
+from asearch.tools import ToolsConfig
 
 pytest.importorskip("torch")
 

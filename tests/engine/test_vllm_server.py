@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from asearch.engine.supervisor import SupervisorConfig
 from asearch.engine.types import GenerateRequest, SamplingParams
-from asearch.engine.vllm import VLLMEngine, launch_vllm_server
+from asearch.engine.vllm import VLLMEngine
 
 torch = pytest.importorskip("torch")
 
@@ -103,22 +102,10 @@ def models(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="module")
-def server(vllm_python: str, models, tmp_path_factory: pytest.TempPathFactory):
+def server(vllm_python: str, models, tmp_path_factory: pytest.TempPathFactory, serve_tiny_vllm):
     log_path = tmp_path_factory.mktemp("vllm-log") / "vllm.log"
-    start = time.monotonic()
-    sup, url = launch_vllm_server(
-        models["v0"][1],
-        log_path=log_path,
-        python=vllm_python,
-        served_model_name="tiny",
-        max_model_len=MAX_LEN,
-        cfg=SupervisorConfig(health_timeout_s=900),
-    )
-    print(f"\n[vllm] server healthy after {time.monotonic() - start:.0f}s at {url} (log: {log_path})")
-    try:
-        yield sup, url
-    finally:
-        sup.stop()
+    with serve_tiny_vllm(models["v0"][1], python=vllm_python, log_path=log_path, max_model_len=MAX_LEN) as served:
+        yield served
 
 
 def ref_logprobs(

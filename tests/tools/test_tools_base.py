@@ -148,34 +148,41 @@ def test_unknown_tool_suggests_the_nearest_name():
         make_tool("serch", backend=None)
 
 
-def test_adding_a_tool_is_one_registered_class(monkeypatch):
-    monkeypatch.setattr(registry, "_FACTORIES", dict(registry._FACTORIES))  # undone after the test
+@pytest.fixture
+def scoped_tools():
+    """Tools registered in the test are gone after it."""
+    with registry.TOOLS.temporary():
+        yield
 
-    @register_tool
-    class Calculator:
-        name = "calculate"
-        description = "calculate: evaluate a sum like 2+3"
 
-        def parse(self, raw: str) -> list[int]:
-            try:
-                return [int(x) for x in raw.split("+")]
-            except ValueError:
-                raise ToolArgumentError(f"{raw.strip()!r} is not a sum of integers") from None
+def test_adding_a_tool_is_one_registered_class():
+    with registry.TOOLS.temporary():  # the tool is registered for this test only
 
-        async def call(self, args: list[int], episode: EpisodeContext) -> Observation:
-            return Observation(text=str(sum(args)), metadata={"terms": len(args)})
+        @register_tool
+        class Calculator:
+            name = "calculate"
+            description = "calculate: evaluate a sum like 2+3"
 
-    assert "calculate" in available_tools()
-    calc = make_tool("calculate")
-    assert run(run_tool(calc, "2+3+4")).text == "9"
-    bad = run(run_tool(calc, "two"))
-    assert bad.text == "calculate failed: 'two' is not a sum of integers"
+            def parse(self, raw: str) -> list[int]:
+                try:
+                    return [int(x) for x in raw.split("+")]
+                except ValueError:
+                    raise ToolArgumentError(f"{raw.strip()!r} is not a sum of integers") from None
 
-    with pytest.raises(ValueError, match="tool name 'calculate' is taken"):
+            async def call(self, args: list[int], episode: EpisodeContext) -> Observation:
+                return Observation(text=str(sum(args)), metadata={"terms": len(args)})
 
-        @register_tool("calculate")
-        class Other:
-            pass
+        assert "calculate" in available_tools()
+        calc = make_tool("calculate")
+        assert run(run_tool(calc, "2+3+4")).text == "9"
+        bad = run(run_tool(calc, "two"))
+        assert bad.text == "calculate failed: 'two' is not a sum of integers"
+
+        with pytest.raises(ValueError, match="tool 'calculate' is taken"):
+
+            @register_tool("calculate")
+            class Other:
+                pass
 
 
 def test_each_call_gets_its_episode_and_a_call_outside_one_a_fresh_one():
@@ -216,11 +223,9 @@ def test_tools_config_has_a_section_per_configurable_tool_in_prompt_order():
         ToolsConfig(index="/x", server_url="http://127.0.0.1:1")
 
 
-def test_adding_a_configurable_tool_gives_it_a_config_section_and_builds_it(monkeypatch):
+def test_adding_a_configurable_tool_gives_it_a_config_section_and_builds_it(monkeypatch, scoped_tools):
     from asearch.config import Config
     from asearch.tools import build as build_module
-
-    monkeypatch.setattr(registry, "_FACTORIES", dict(registry._FACTORIES))  # undone after the test
 
     class EchoConfig(Config):
         """How `echo` repeats."""

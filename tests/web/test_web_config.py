@@ -12,10 +12,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from asearch.agent.runtime import RuntimeConfig, build_tools
+from asearch.agent.runtime import RuntimeConfig
 from asearch.config import load_config
 from asearch.engine.scripted import ScriptedEngine
 from asearch.errors import ConfigError
+from asearch.tools import build_tools
 from asearch.web.runtime import web_metrics
 
 QUESTIONS = {  # question -> (the search the policy makes, gold answer)

@@ -14,10 +14,8 @@ from pydantic import Field
 from asearch.agent.loop import AgentConfig, run_episode
 from asearch.agent.trajectory import Trajectory
 from asearch.config import Config
-from asearch.engine.registry import EngineConfig as EngineConfig  # moved to asearch.engine.registry
-from asearch.engine.registry import build_engine as build_engine
+from asearch.engine.registry import EngineConfig, build_engine
 from asearch.tools import Tool, ToolsConfig, build_tools
-from asearch.tools import ensure_index as ensure_index  # moved to asearch.tools; kept for callers
 
 
 class RuntimeConfig(Config):

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from asearch.agent.loop import AgentConfig, run_episode
-from asearch.agent.runtime import ToolsConfig, build_tools, ensure_index
 from asearch.engine.scripted import ScriptedEngine
 from asearch.eval.datasets import QARecord
 from asearch.rl.sft import trajectories_to_samples
 from asearch.rl.trainer import Sample
+from asearch.tools import ToolsConfig, build_tools, ensure_index
 
 J = TypeVar("J")
 R = TypeVar("R")

@@ -16,9 +16,6 @@ must stay cheap to import (torch, transformers inside functions): `--help` lists
 from __future__ import annotations
 
 import difflib
-import importlib
-import importlib.util
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +24,7 @@ from pydantic import Field, PrivateAttr, SerializationInfo, model_serializer, mo
 from pydantic_core import PydanticCustomError
 
 from asearch.config import Config
-from asearch.errors import ConfigError
+from asearch.registry import Registry
 
 BuildFn = Callable[..., Any]  # (cfg: EngineConfig, **context) -> an Engine
 # (model, *, index, threads, engine, served_model_name, seed, log_path, cfg, host, cores) -> (ServerSupervisor, url)
@@ -47,8 +44,9 @@ class EngineKind:
     serve: ServeFn | None = None  # starts one of its servers on this machine (launcher=local / ray)
 
 
-_KINDS: dict[str, EngineKind] = {}
-_discovered = False
+# Only the modules that register a kind are imported (found by their source), so listing the kinds for
+# --help does not import helper modules such as the torch decoder.
+ENGINES: Registry[EngineKind] = Registry("engine kind", "asearch.engine", wants=lambda source: "@register_engine(" in source)
 
 
 def register_engine(
@@ -73,61 +71,25 @@ def register_engine(
         raise TypeError(f"engine kind {kind!r}: options may not be named {sorted(reserved)} (EngineConfig's own)")
 
     def add(build: BuildFn) -> BuildFn:
-        existing = _KINDS.get(kind)
-        if existing is not None and existing.build.__module__ != build.__module__:
-            raise ValueError(f"engine kind {kind!r} is taken by {existing.build.__module__}")
-        _KINDS[kind] = EngineKind(kind, options, build, summary, needs_url, rollouts, serve)
+        ENGINES.add(kind, EngineKind(kind, options, build, summary, needs_url, rollouts, serve), origin=build)
         return build
 
     return add
 
 
-def _discover() -> None:
-    """Import every module of asearch.engine that registers a kind (found by reading its source, so that
-    helper modules such as the torch decoder are not imported just to list the kinds)."""
-    global _discovered
-    if _discovered:
-        return
-    import asearch.engine as package
-
-    for mod in pkgutil.iter_modules(package.__path__):
-        name = f"{package.__name__}.{mod.name}"
-        if mod.name.startswith("_") or mod.name == "registry":
-            continue
-        spec = importlib.util.find_spec(name)
-        origin = spec.origin if spec is not None else None
-        if origin and origin.endswith(".py"):
-            with open(origin, encoding="utf-8") as f:
-                if "@register_engine(" not in f.read():
-                    continue
-        importlib.import_module(name)
-    _discovered = True
-
-
 def engine_kinds(*, rollouts: bool = False) -> list[str]:
     """The kinds `EngineConfig.kind` accepts, sorted; with `rollouts`, those RL can sample from on servers."""
-    _discover()
-    return sorted(k for k, spec in _KINDS.items() if spec.rollouts or not rollouts)
+    return [k for k, spec in ENGINES.items() if spec.rollouts or not rollouts]
 
 
 def engine_kind(kind: str) -> EngineKind:
     """The registration of `kind`; a ConfigError naming the nearest kind if there is none."""
-    _discover()
-    found = _KINDS.get(kind)
-    if found is None:
-        raise ConfigError(_unknown_kind(kind))
-    return found
+    return ENGINES.get(kind)
 
 
 def engine_kinds_help() -> str:
     """`kind: summary` for every kind, one per line (for --help and error messages)."""
     return "\n".join(f"{k}: {engine_kind(k).summary}" for k in engine_kinds())
-
-
-def _unknown_kind(kind: str) -> str:
-    near = difflib.get_close_matches(kind, list(_KINDS), n=1)
-    hint = f"; did you mean {near[0]!r}?" if near else ""
-    return f"unknown engine kind {kind!r}{hint} (kinds: {', '.join(sorted(_KINDS))})"
 
 
 class EngineConfig(Config):
@@ -163,10 +125,9 @@ class EngineConfig(Config):
         own = {k: v for k, v in data.items() if k in cls.model_fields}
         rest = {k: v for k, v in data.items() if k not in cls.model_fields}
         kind = own.get("kind", cls.model_fields["kind"].default)
-        _discover()
-        spec = _KINDS.get(kind) if isinstance(kind, str) else None
+        spec = ENGINES.find(kind) if isinstance(kind, str) else None
         if spec is None:
-            raise PydanticCustomError("engine_kind", _unknown_kind(str(kind)))
+            raise PydanticCustomError("engine_kind", ENGINES.unknown(str(kind)))
         rest = _legacy_inprocess(kind, rest)
         unknown = [k for k in rest if k not in spec.options.model_fields]
         if unknown:
@@ -178,7 +139,7 @@ class EngineConfig(Config):
                 "engine_url", f"engine.kind={kind!r} needs engine.base_url (the server's http://host:port)"
             )
         if cfg.base_url and not spec.needs_url:  # e.g. --base-url without --engine: say so, do not ignore it
-            remote = ", ".join(k for k, s in sorted(_KINDS.items()) if s.needs_url)
+            remote = ", ".join(k for k, s in ENGINES.items() if s.needs_url)
             raise PydanticCustomError(
                 "engine_url", f"engine.base_url is set but kind {kind!r} uses no server: set engine.kind ({remote})"
             )

@@ -36,7 +36,7 @@ def filter_logits(scaled: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
     scaled: (B, V) temperature-scaled logits; top_k: (B,) long, 0 = off; top_p: (B,) float, >= 1 = off.
     The nucleus is the highest-probability prefix whose mass (renormalised over the top-k) reaches
     top_p; the most likely token is always kept. Exact: a partial top-k of candidates replaces the full
-    vocabulary sort (20x cheaper at V=49k) only for rows whose candidates already hold mass >= top_p.
+    vocabulary sort only for rows whose candidates already hold mass >= top_p.
     """
     B, V = scaled.shape
     k = torch.where(top_k > 0, top_k.clamp(max=V), V)

@@ -8,7 +8,7 @@ directory, or a name under `{data_dir}/{name}/{split}.jsonl`.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from asearch.files import iter_jsonl
 __all__ = [
     "DATA_SUFFIXES",
     "QARecord",
+    "ROW_READERS",
     "dataset_name_for",
     "is_builtin",
     "iter_rows",
@@ -28,9 +29,6 @@ __all__ = [
     "record_from_row",
     "resolve_dataset_file",
 ]
-
-DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
-"""Tried in this order for `{data_dir}/{name}/{split}{suffix}`."""
 
 _SPLIT_NAMES = frozenset({"test", "dev", "val", "valid", "validation", "train", "eval"})
 _ID_KEYS = ("id", "qid", "idx")
@@ -141,17 +139,13 @@ def record_from_row(
 
 
 def iter_rows(path: str | Path) -> Iterator[tuple[int, Any]]:
-    """(line, row) for each row of a dataset file, by suffix: .parquet, .json (a list), else jsonl.
+    """(line, row) for each row of a dataset file, read by the reader of its suffix (`ROW_READERS`; any
+    other suffix is read as jsonl).
 
     For parquet, `line` is the 1-based row number; for a JSON list, the line where the element starts.
     """
     path = Path(path)
-    if path.suffix == ".parquet":
-        yield from _iter_parquet(path)
-    elif path.suffix == ".json" and _first_char(path) == "[":
-        yield from _iter_json_array(path)
-    else:  # .jsonl, and .json files that really hold one object per line
-        yield from iter_jsonl(path)
+    yield from ROW_READERS.get(path.suffix, iter_jsonl)(path)
 
 
 def read_qa_file(path: str | Path, *, dataset: str | None = None) -> list[QARecord]:
@@ -182,6 +176,11 @@ def _first_char(path: Path) -> str:
     with open(path, "rb") as f:
         head = f.read(4096).lstrip()
     return head[:1].decode("ascii", "replace")
+
+
+def _iter_json(path: Path) -> Iterator[tuple[int, Any]]:
+    """A JSON list, or (as some sets ship under .json) one object per line."""
+    return _iter_json_array(path) if _first_char(path) == "[" else iter_jsonl(path)
 
 
 def _iter_parquet(path: Path) -> Iterator[tuple[int, Any]]:
@@ -242,6 +241,16 @@ def _iter_json_array(path: Path) -> Iterator[tuple[int, Any]]:
             return
         else:
             raise fail(i, "expected ',' or ']' after a list element")
+
+
+# A new dataset format is one reader `(path) -> (line, row) pairs` and its suffix here.
+ROW_READERS: dict[str, Callable[[Path], Iterator[tuple[int, Any]]]] = {
+    ".jsonl": iter_jsonl,
+    ".json": _iter_json,
+    ".parquet": _iter_parquet,
+}
+DATA_SUFFIXES = tuple(ROW_READERS)
+"""Tried in this order for `{data_dir}/{name}/{split}{suffix}`."""
 
 
 # --------------------------------------------------------------------------- names -> records

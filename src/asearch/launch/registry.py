@@ -11,53 +11,32 @@ being listed anywhere; a launcher defined elsewhere registers when its module is
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable
 from typing import Any
 
-from asearch.errors import ConfigError
 from asearch.launch.spec import Launcher
+from asearch.registry import Registry
 
-_LAUNCHERS: dict[str, type[Launcher]] = {}
-_discovered = False
+LAUNCHERS: Registry[type[Launcher]] = Registry("launcher", "asearch.launch")
 
 
 def register_launcher(name: str) -> Callable[[type[Launcher]], type[Launcher]]:
     """Class decorator: make `cls` the launcher `launcher=<name>` starts."""
 
     def register(cls: type[Launcher]) -> type[Launcher]:
-        if name in _LAUNCHERS and _LAUNCHERS[name] is not cls:
-            raise ValueError(f"launcher {name!r} is already registered by {_LAUNCHERS[name].__qualname__}")
-        _LAUNCHERS[name] = cls
+        LAUNCHERS.add(name, cls, origin=cls)
         return cls
 
     return register
 
 
-def _discover() -> None:
-    global _discovered
-    if _discovered:
-        return
-    import asearch.launch as package
-
-    for module in pkgutil.iter_modules(package.__path__):
-        if not module.name.startswith("_"):
-            importlib.import_module(f"{package.__name__}.{module.name}")
-    _discovered = True
-
-
 def launcher_names() -> list[str]:
-    _discover()
-    return sorted(_LAUNCHERS)
+    return LAUNCHERS.names()
 
 
 def launcher_type(name: str) -> type[Launcher]:
-    """The class registered as `name`; a ConfigError lists the registered names."""
-    _discover()
-    if name not in _LAUNCHERS:
-        raise ConfigError(f"unknown launcher {name!r}; registered launchers: {', '.join(sorted(_LAUNCHERS))}")
-    return _LAUNCHERS[name]
+    """The class registered as `name`; a ConfigError names the registered ones."""
+    return LAUNCHERS.get(name)
 
 
 def make_launcher(name: str, *args: Any, **kwargs: Any) -> Launcher:

@@ -134,11 +134,12 @@ async def _expert_agent(s: MeasureSettings, records: list[Any], corpus: str) -> 
     """The oracle expert through the real agent loop and BM25 search tool (deterministic, no model)."""
     from asearch.agent import AgentConfig
     from asearch.agent.expert import WORLD_STYLE
-    from asearch.agent.runtime import Runtime, ToolsConfig, build_tools
+    from asearch.agent.runtime import Runtime
     from asearch.engine.scripted import ScriptedEngine
     from asearch.eval import agent_solver, evaluate_async
     from asearch.models.loading import load_tokenizer
     from asearch.synth.expert import synth_expert
+    from asearch.tools import ToolsConfig, build_tools
     from asearch.tools.search import SearchToolConfig
 
     expert, unplanned = synth_expert(
@@ -172,9 +173,11 @@ async def _expert_agent(s: MeasureSettings, records: list[Any], corpus: str) -> 
 async def _model_agent(s: MeasureSettings, records: list[Any], corpus: str) -> tuple[Any, dict[str, Any]]:
     """An LLM search agent (in process) with the asearch runtime's tools."""
     from asearch.agent.loop import AgentConfig
-    from asearch.agent.runtime import EngineConfig, RuntimeConfig, ToolsConfig, build_runtime
+    from asearch.agent.runtime import RuntimeConfig, build_runtime
     from asearch.engine.inprocess import InProcessEngineConfig
+    from asearch.engine.registry import EngineConfig
     from asearch.eval import agent_solver, evaluate_async
+    from asearch.tools import ToolsConfig
     from asearch.tools.search import SearchToolConfig
 
     engine_cfg = InProcessEngineConfig(threads=s.threads, max_batch=64, max_seq_len=s.max_context_tokens)
@@ -210,8 +213,8 @@ def evidence_recall(records: list[Any], corpus: str, topk: int) -> dict[str, flo
     One search with the question as typed: context for how far a single search gets, not an agent score
     (a page in the hits is not the answer read: hidden entities still have to be followed).
     """
-    from asearch.agent.runtime import ensure_index
     from asearch.retrieval.index import IndexConfig, open_index
+    from asearch.tools import ensure_index
 
     index = open_index(ensure_index(corpus, IndexConfig(), progress=False))
     hits = index.retriever("bm25").search([r.question for r in records], topk)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +21,7 @@ from asearch.corpus.types import Page
 from asearch.errors import ToolError
 from asearch.retrieval.base import PageStore
 from asearch.retrieval.protocol import lookup_page, normalize_url
-from asearch.tools.base import EpisodeContext, Observation, ToolArgumentError, ToolSources
+from asearch.tools.base import EpisodeContext, Observation, ToolArgumentError, ToolSources, argument_text
 from asearch.tools.registry import register_tool
 from asearch.tools.render import chunk_page, render_page_not_found
 
@@ -104,16 +103,7 @@ class AccessTool:
         return "<access>url</access> shows the full page at a url"
 
     def parse(self, raw: str) -> AccessArgs:
-        text = raw.strip()
-        if text.startswith("{"):
-            try:
-                obj: Any = json.loads(text)
-            except json.JSONDecodeError:
-                obj = None
-            if isinstance(obj, dict):
-                if not isinstance(obj.get("url"), str):
-                    raise ToolArgumentError('access arguments as JSON need a "url" string')
-                text = obj["url"]
+        text = argument_text(raw, "url", self.name)
         url = normalize_url(text)
         if not url:
             raise ToolArgumentError("the url to access is empty")

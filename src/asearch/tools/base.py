@@ -12,6 +12,7 @@ every concurrent episode; what it must remember about one episode lives in that 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -92,6 +93,25 @@ class Tool(Protocol[ArgsT]):
         """Run the tool for one episode; may raise ToolError or RemoteError (run_tool turns them into
         observations)."""
         ...
+
+
+def argument_text(raw: str, key: str, tool: str) -> str:
+    """What the agent wrote between a tool's tags: the text itself, or the `key` string of a JSON object
+    (function-calling style, e.g. `{"query": "..."}`), stripped, without one pair of wrapping quotes."""
+    text = raw.strip()
+    if text.startswith("{"):
+        try:
+            obj: Any = json.loads(text)
+        except json.JSONDecodeError:
+            obj = None  # not JSON after all: the text is the argument
+        if isinstance(obj, dict):
+            if not isinstance(obj.get(key), str):
+                raise ToolArgumentError(f'{tool} arguments as JSON need a "{key}" string')
+            text = obj[key].strip()
+    for quote in ('"', "'", "`"):
+        if len(text) >= 2 and text[0] == quote and text[-1] == quote:
+            return text[1:-1].strip()
+    return text
 
 
 def tool_argument_hint(tool: Tool[Any]) -> str:

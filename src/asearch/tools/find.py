@@ -9,7 +9,6 @@ including any part the page cut dropped. Off by default: turn it on with `tools.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from pydantic import Field
 
 from asearch.config import Config
 from asearch.corpus.types import Page
-from asearch.tools.base import EpisodeContext, Observation, ToolArgumentError, ToolSources
+from asearch.tools.base import EpisodeContext, Observation, ToolArgumentError, ToolSources, argument_text
 from asearch.tools.registry import register_tool
 
 
@@ -77,18 +76,7 @@ class FindTool:
         return "<find>phrase</find> shows where a phrase occurs in the page you accessed last"
 
     def parse(self, raw: str) -> FindArgs:
-        text = raw.strip()
-        if text.startswith("{"):
-            try:
-                obj: Any = json.loads(text)
-            except json.JSONDecodeError:
-                obj = None
-            if isinstance(obj, dict):
-                if not isinstance(obj.get("phrase"), str):
-                    raise ToolArgumentError('find arguments as JSON need a "phrase" string')
-                text = obj["phrase"].strip()
-        if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'`":  # one pair of quotes
-            text = text[1:-1].strip()
+        text = argument_text(raw, "phrase", self.name)
         if not text:
             raise ToolArgumentError("the phrase to find is empty")
         if len(text) > self.config.max_phrase_chars:

@@ -15,22 +15,17 @@ how it is built from config gets its own section `tools.<name>` and is built by 
 
 from __future__ import annotations
 
-import difflib
-import importlib
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
 from asearch.config import Config
-from asearch.errors import ConfigError
+from asearch.registry import Registry
 from asearch.tools.base import Tool, ToolSources
 
 T = TypeVar("T", bound=type)
 
-_FACTORIES: dict[str, Callable[..., Tool[Any]]] = {}
-_discovered = False
-_discovering = False
+TOOLS: Registry[Callable[..., Tool[Any]]] = Registry("tool", "asearch.tools")
 DEFAULT_ORDER = 100  # tools that do not say where they go are listed after the built-in ones
 
 
@@ -46,10 +41,7 @@ def register_tool(target: Any = None, /) -> Any:
         key = name or getattr(cls, "name", None)
         if not isinstance(key, str) or not key:
             raise TypeError(f"{cls.__qualname__} needs a `name` class attribute or @register_tool('name')")
-        existing = _FACTORIES.get(key)
-        if existing is not None and existing is not cls:
-            raise ValueError(f"tool name {key!r} is taken by {existing.__module__}.{existing.__qualname__}")
-        _FACTORIES[key] = cls
+        TOOLS.add(key, cls, origin=cls)
         return cls
 
     if isinstance(target, type):
@@ -57,48 +49,19 @@ def register_tool(target: Any = None, /) -> Any:
     return lambda cls: add(cls, target)
 
 
-def _discover() -> None:
-    """Import every module in asearch.tools once so their @register_tool decorators run. A module that
-    looks tools up while it is imported (`build` makes ToolsConfig) gets them all: the flag only stops
-    the imports from starting over."""
-    global _discovered, _discovering
-    if _discovered or _discovering:
-        return
-    import asearch.tools as package
-
-    _discovering = True
-    try:
-        for mod in pkgutil.iter_modules(package.__path__):
-            if not mod.name.startswith("_"):
-                importlib.import_module(f"{package.__name__}.{mod.name}")
-    finally:
-        _discovering = False
-    _discovered = True
-
-
 def available_tools() -> list[str]:
     """Names `make_tool` accepts, sorted."""
-    _discover()
-    return sorted(_FACTORIES)
+    return TOOLS.names()
 
 
 def argument_hints() -> dict[str, str]:
     """{registered tool name: what goes between its tags} (its `argument_hint`, default "argument"), sorted."""
-    _discover()
-    return {
-        name: getattr(factory, "argument_hint", "argument") for name, factory in sorted(_FACTORIES.items())
-    }
+    return {name: getattr(factory, "argument_hint", "argument") for name, factory in TOOLS.items()}
 
 
 def make_tool(name: str, **kwargs: Any) -> Tool[Any]:
     """Build the tool registered as `name`; `kwargs` go to its constructor (e.g. backend=, config=)."""
-    _discover()
-    factory = _FACTORIES.get(name)
-    if factory is None:
-        near = difflib.get_close_matches(name, list(_FACTORIES), n=1)
-        hint = f"; did you mean {near[0]!r}?" if near else ""
-        raise ConfigError(f"unknown tool {name!r}{hint} (available: {', '.join(sorted(_FACTORIES))})")
-    return factory(**kwargs)
+    return TOOLS.get(name)(**kwargs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,9 +89,8 @@ class ConfigurableTool:
 def configurable_tools() -> list[ConfigurableTool]:
     """The registered tools that declare `config_class` and `from_sources`, in `order` (then by name):
     the order of the prompt's tool list and of the tools `build_tools` returns."""
-    _discover()
     out = []
-    for name, cls in _FACTORIES.items():
+    for name, cls in TOOLS.items():
         config_class = getattr(cls, "config_class", None)
         from_sources = getattr(cls, "from_sources", None)
         if config_class is None or from_sources is None:

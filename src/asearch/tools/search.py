@@ -7,7 +7,6 @@ thread) or a remote retrieval server through `RetrievalClient`.
 from __future__ import annotations
 
 import inspect
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from asearch.config import Config
 from asearch.errors import ToolError
 from asearch.retrieval.base import Retriever, SearchHit
 from asearch.retrieval.batching import MicroBatcher
-from asearch.tools.base import EpisodeContext, Observation, ToolArgumentError, ToolSources
+from asearch.tools.base import EpisodeContext, Observation, ToolArgumentError, ToolSources, argument_text
 from asearch.tools.registry import register_tool
 from asearch.tools.render import render_search
 
@@ -35,7 +34,7 @@ class SearchToolConfig(Config):
     show_urls: bool = Field(
         True,
         description="Print each passage's url (what `access` opens). Without an access tool the urls only "
-        "cost tokens: a third of a tiny model's episode in the CPU demo (measured).",
+        "cost tokens (docs/tools.md).",
     )
     compact: bool = Field(
         False,
@@ -90,13 +89,6 @@ class SearchArgs:
     query: str
 
 
-def _unquote(text: str) -> str:
-    for q in ('"', "'", "`"):
-        if len(text) >= 2 and text[0] == q and text[-1] == q:
-            return text[1:-1].strip()
-    return text
-
-
 @register_tool
 class SearchTool:
     """`search`: the argument is the query text (or `{"query": "..."}`)."""
@@ -128,17 +120,7 @@ class SearchTool:
         return f"<search>keywords</search> searches the encyclopedia and shows the top passages{urls}"
 
     def parse(self, raw: str) -> SearchArgs:
-        text = raw.strip()
-        if text.startswith("{"):  # function-calling style arguments
-            try:
-                obj: Any = json.loads(text)
-            except json.JSONDecodeError:
-                obj = None
-            if isinstance(obj, dict):
-                if not isinstance(obj.get("query"), str):
-                    raise ToolArgumentError('search arguments as JSON need a "query" string')
-                text = obj["query"].strip()
-        text = _unquote(text)
+        text = argument_text(raw, "query", self.name)
         if not text:
             raise ToolArgumentError("the search query is empty")
         if len(text) > self.config.max_query_chars:
