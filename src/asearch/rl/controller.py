@@ -3,8 +3,9 @@
 Generation never waits for the slowest trajectory: a new group starts as soon as capacity allows,
 finished groups queue up, and a training batch takes the B oldest. Groups are rejected (and free
 capacity) when every sample got the same reward (no signal), when the workflow rejected one of their
-episodes (it returned None), when an episode raised, or when they became too stale to train on: a group admitted at version a is only trained at version <= a + eta,
-so the bound holds per group, not just system-wide (in-flight hopeless groups are cancelled early).
+episodes (it returned None), when an episode raised, or when they became too stale to train on: a
+group admitted at version a is only trained at version <= a + eta, so the bound holds per group, not
+just system-wide (in-flight hopeless groups are cancelled early).
 """
 
 from __future__ import annotations
