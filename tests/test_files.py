@@ -1,11 +1,11 @@
-"""Atomic writes and the line-numbered jsonl reader."""
+"""Atomic writes, the line-numbered jsonl reader and the cut of a torn last line before an append."""
 
 from __future__ import annotations
 
 import pytest
 
 from asearch.errors import DataFormatError
-from asearch.files import append_jsonl, atomic_write_json, atomic_write_text, iter_jsonl
+from asearch.files import append_jsonl, atomic_write_json, atomic_write_text, iter_jsonl, repair_jsonl_tail
 
 
 def test_atomic_write_replaces_and_leaves_no_temp(tmp_path):
@@ -52,3 +52,43 @@ def test_atomic_outputs_are_readable_like_normal_files(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert mode == 0o666 & ~umask
+
+
+WHOLE = b'{"a": 1}\n{"a": 2}\n'
+
+
+@pytest.mark.parametrize(
+    "torn",
+    [
+        b'{"a": ',  # a write cut by a kill
+        b'{"a": 3}',  # cut just before its newline: it parses, but the next line would be glued to it
+        b'{"a": 3, "b": "' + b"x" * 200_000,  # longer than one read-back block
+        b'{"a": {"a": 4}\n',  # a fragment an older append was glued to: ends whole, is not JSON
+        b'{"a": "\xff\n',  # not even UTF-8
+    ],
+)
+def test_repair_cuts_only_the_torn_last_line_and_says_so(tmp_path, caplog, torn):
+    p = tmp_path / "r.jsonl"
+    p.write_bytes(WHOLE + torn)
+    with caplog.at_level("WARNING", logger="asearch.files"):
+        assert repair_jsonl_tail(p) == len(torn)
+    assert p.read_bytes() == WHOLE
+    assert f"{p}: cut a torn last line ({len(torn)} bytes)" in caplog.text
+
+
+@pytest.mark.parametrize("content", [b"", b"\n", WHOLE, WHOLE + b"\n"])
+def test_repair_leaves_whole_files_alone(tmp_path, caplog, content):
+    p = tmp_path / "r.jsonl"
+    p.write_bytes(content)
+    with caplog.at_level("WARNING", logger="asearch.files"):
+        assert repair_jsonl_tail(p) == 0
+        assert repair_jsonl_tail(tmp_path / "missing.jsonl") == 0
+    assert p.read_bytes() == content and caplog.text == ""
+    assert not (tmp_path / "missing.jsonl").exists()
+
+
+def test_an_append_after_a_torn_tail_starts_on_a_fresh_line(tmp_path):
+    p = tmp_path / "r.jsonl"
+    p.write_bytes(WHOLE + b'{"a": 3, "b"')
+    append_jsonl(p, {"a": 4})
+    assert [o["a"] for _, o in iter_jsonl(p)] == [1, 2, 4]  # strict read: every line parses

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -11,6 +12,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from asearch.errors import DataFormatError
+
+log = logging.getLogger(__name__)
 
 
 def cache_dir(*parts: str) -> Path:
@@ -79,14 +82,82 @@ def write_jsonl(path: str | Path, records: Iterable[Any]) -> int:
 
 
 def append_jsonl(path: str | Path, record: Any) -> None:
-    """Append one record as a single write + fsync: a kill leaves whole lines (a torn tail is skipped on read)."""
+    """Append one record as a single write + fsync: a kill leaves whole lines and at most one torn tail,
+    which is cut away (`repair_jsonl_tail`) before the next record goes in. One writer per file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
-    with open(path, "ab") as f:
-        f.write(line)
+    with open(path, "a+b") as f:
+        if not _ends_whole(f):
+            repair_jsonl_tail(path)  # a torn tail: the new line must not be glued to it
+        f.write(line)  # O_APPEND: at the end of the file as it is now, after any cut
         f.flush()
         os.fsync(f.fileno())
+
+
+def repair_jsonl_tail(path: str | Path) -> int:
+    """Cut a torn last line off a jsonl file that is about to be appended to; return the bytes cut (0: none).
+
+    A last line without its newline is a write cut by a kill (writers put the newline in the same write),
+    even when it parses; a last line that is not valid JSON is a fragment an older append was glued to.
+    Appending after either would glue the next record to it. Every line before it is kept; a cut is
+    logged as a warning naming the file.
+    """
+    path = Path(path)
+    try:
+        f = open(path, "r+b")  # noqa: SIM115 - closed by the with below; a missing file has no tail
+    except FileNotFoundError:
+        return 0
+    with f:
+        size = f.seek(0, os.SEEK_END)
+        keep = _torn_tail_start(f, size)
+        if keep == size:
+            return 0
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+    log.warning("%s: cut a torn last line (%d bytes) before appending to it", path, size - keep)
+    return size - keep
+
+
+def _ends_whole(f: IO[bytes]) -> bool:
+    """Whether the open file is empty or ends with a newline (one byte read: cheap enough per append)."""
+    size = f.seek(0, os.SEEK_END)
+    if size == 0:
+        return True
+    f.seek(size - 1)
+    return f.read(1) == b"\n"
+
+
+def _torn_tail_start(f: IO[bytes], size: int) -> int:
+    """Where the torn last line of the open file starts, or `size` when its last line is whole."""
+    if size == 0:
+        return 0
+    if not _ends_whole(f):
+        return _line_start(f, size)
+    start = _line_start(f, size - 1)
+    f.seek(start)
+    last = f.read(size - start)
+    if not last.strip():
+        return size
+    try:
+        json.loads(last)
+    except ValueError:  # JSONDecodeError, or bytes that are not UTF-8
+        return start
+    return size
+
+
+def _line_start(f: IO[bytes], end: int, block: int = 1 << 16) -> int:
+    """The offset just after the last newline before `end` (0 when there is none), read back in blocks."""
+    pos = end
+    while pos > 0:
+        start = max(0, pos - block)
+        f.seek(start)
+        newline = f.read(pos - start).rfind(b"\n")
+        if newline >= 0:
+            return start + newline + 1
+        pos = start
+    return 0
 
 
 def iter_jsonl(path: str | Path, *, tolerate_torn_tail: bool = False) -> Iterator[tuple[int, dict[str, Any]]]:

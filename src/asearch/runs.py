@@ -19,13 +19,18 @@ from typing import Any
 from pydantic import BaseModel
 
 from asearch.config import dump_config
-from asearch.files import append_jsonl, atomic_write_json, atomic_write_text, iter_jsonl
+from asearch.files import append_jsonl, atomic_write_json, atomic_write_text, iter_jsonl, repair_jsonl_tail
+
+# The jsonl logs a run appends to; a torn last line in either is cut before the run goes on.
+LOGS = ("metrics.jsonl", "trajectories.jsonl")
 
 
 class RunDir:
     def __init__(self, path: str | Path, *, tensorboard: bool = True):
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
+        # a killed run's torn last lines are cut before anything is read or appended
+        self.repaired_bytes = {name: repair_jsonl_tail(self.path / name) for name in LOGS}
         self._t0 = time.time() - self._previous_wall()
         self._tb = None
         if tensorboard:
@@ -68,7 +73,7 @@ class RunDir:
         """Drop metrics and trajectory rows logged after `step` (a resumed run redoes those steps, so
         keeping them would count them twice). Returns how many rows were dropped."""
         dropped = 0
-        for name in ("metrics.jsonl", "trajectories.jsonl"):
+        for name in LOGS:
             p = self.path / name
             if not p.exists():
                 continue

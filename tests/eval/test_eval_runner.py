@@ -142,7 +142,14 @@ def test_kill_9_mid_run_resumes_to_the_uninterrupted_result(tmp_path):
     assert without_timing(summary) == without_timing(json.loads((clean / "summary.json").read_text()))
 
 
-@pytest.mark.parametrize("torn", [b'{"v": 1, "id": "q0', b'{"id": "q039", "dataset": "codes", "pass": 1}'])
+@pytest.mark.parametrize(
+    "torn",
+    [
+        b'{"v": 1, "id": "q0',
+        b'{"id": "q039", "dataset": "codes", "pass": 1}',
+        b'{"v": 1, "id": "q0{"id": "q039", "dataset": "codes", "pass": 1}\n',  # glued by an older resume
+    ],
+)
 def test_torn_last_line_is_dropped_and_redone(tmp_path, torn):
     records = make_records(40)
     evaluate(make_solve(), records[:20], out_dir=tmp_path, k=2, progress=False)  # the first half
@@ -155,6 +162,26 @@ def test_torn_last_line_is_dropped_and_redone(tmp_path, torn):
     assert len(k) == 80 and len(set(k)) == 80
     assert results.read_bytes().endswith(b"\n")
     assert s.metric("codes", "em") == pytest.approx(0.3)
+
+
+def test_a_torn_error_line_is_cut_before_the_next_failure_is_logged(tmp_path):
+    good = make_solve()
+
+    async def flaky(record, seed):
+        if record.id in {"q003", "q007"}:
+            raise RuntimeError(f"engine died on {record.id}")
+        return await good(record, seed)
+
+    evaluate(flaky, make_records(10), out_dir=tmp_path, k=1, progress=False)
+    errors = tmp_path / "errors.jsonl"
+    whole = errors.read_bytes()
+    with open(errors, "ab") as f:
+        f.write(b'{"id": "q007", "dataset": "codes", "error": "Runtime')  # a kill mid-write
+    s = evaluate(flaky, make_records(10), out_dir=tmp_path, k=1, progress=False)
+    assert (s.resumed, s.failed) == (8, 2)
+    assert errors.read_bytes().startswith(whole)  # nothing whole was lost
+    ids = [json.loads(line)["id"] for line in errors.read_text().splitlines()]  # every line parses
+    assert sorted(ids) == ["q003", "q003", "q007", "q007"]
 
 
 def test_corrupt_middle_line_is_an_error_not_a_silent_skip(tmp_path):

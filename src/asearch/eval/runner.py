@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -25,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from asearch.errors import AsearchError, ConfigError, DataFormatError
 from asearch.eval.datasets import QARecord
 from asearch.eval.report import render_markdown, summarize
-from asearch.files import append_jsonl, atomic_write_json, atomic_write_text, iter_jsonl
+from asearch.files import append_jsonl, atomic_write_json, atomic_write_text, iter_jsonl, repair_jsonl_tail
 from asearch.metrics.qa import qa_scores
 
 if TYPE_CHECKING:
@@ -122,37 +121,6 @@ def _validate_line(path: Path, line: int, obj: Mapping[str, Any]) -> None:
         )
         if not ok or isinstance(value, bool):
             raise DataFormatError(path, line, key, f"expected {typ.__name__}, got {value!r}")
-
-
-def _repair_torn_tail(path: Path) -> int:
-    """Cut a last line that lacks its newline (a write cut by a kill); return how many bytes were cut.
-
-    Such a line may even parse as JSON, but appending after it would glue two records together, so it
-    is always dropped (and its question redone). Truncating at the last newline keeps every whole line.
-    """
-    size = path.stat().st_size
-    if size == 0:
-        return 0
-    with open(path, "rb+") as f:
-        f.seek(size - 1)
-        if f.read(1) == b"\n":
-            return 0
-        # scan back for the last newline in blocks
-        pos, block = size, 1 << 16
-        keep = 0
-        while pos > 0:
-            start = max(0, pos - block)
-            f.seek(start)
-            chunk = f.read(pos - start)
-            nl = chunk.rfind(b"\n")
-            if nl >= 0:
-                keep = start + nl + 1
-                break
-            pos = start
-        f.truncate(keep)
-        f.flush()
-        os.fsync(f.fileno())
-    return size - keep
 
 
 def read_results(path: str | Path, *, keep_trajectory: bool = False) -> list[dict[str, Any]]:
@@ -343,8 +311,9 @@ async def evaluate_async(
         }
         _check_same_run(run_dir, cfg)
         done: list[dict[str, Any]] = []
+        for log_path in (results_path, run_dir / "errors.jsonl"):
+            repair_jsonl_tail(log_path)  # a killed run's torn last line; its question is run again
         if results_path.exists():
-            _repair_torn_tail(results_path)
             done = read_results(results_path)
             for r in done:
                 if r["pass"] < k and r["seed"] != seeds[r["pass"]]:

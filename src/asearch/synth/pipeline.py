@@ -21,7 +21,14 @@ from typing import Any, Literal
 
 from asearch.config import dump_config
 from asearch.errors import AsearchError, ConfigError
-from asearch.files import append_jsonl, atomic_write_json, atomic_write_text, iter_jsonl, write_jsonl
+from asearch.files import (
+    append_jsonl,
+    atomic_write_json,
+    atomic_write_text,
+    iter_jsonl,
+    repair_jsonl_tail,
+    write_jsonl,
+)
 from asearch.metrics.normalize import normalize_answer
 from asearch.synth.backend import Draft, EditAction, Seed, SynthBackend
 from asearch.synth.config import SynthConfig
@@ -247,16 +254,6 @@ class SynthSummary:
     errors: int  # seeds that raised this time (retried by the next run)
 
 
-def _repair_torn_tail(path: Path) -> None:
-    """Drop a final line cut by a kill, so the next append starts on a fresh line."""
-    if not path.exists():
-        return
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        with open(path, "r+b") as f:
-            f.truncate(data.rfind(b"\n") + 1)
-
-
 def _check_same_run(out_dir: Path, cfg: SynthConfig) -> None:
     identity_path = out_dir / "config.json"
     identity = cfg.identity()
@@ -299,7 +296,8 @@ async def run_synthesis_async(
     out.mkdir(parents=True, exist_ok=True)
     _check_same_run(out, cfg)
     attempts_path = out / ATTEMPTS_FILE
-    _repair_torn_tail(attempts_path)
+    for log_path in (attempts_path, out / ERRORS_FILE):
+        repair_jsonl_tail(log_path)  # a killed run's torn last line; its seed is done again
     done = read_attempts(attempts_path)
     done_keys = {a["seed"]["key"] for a in done}
 

@@ -15,11 +15,21 @@ from asearch.net import LoopClient
 from asearch.web.api import BodyTooLarge, read_limited, retry_after_s
 from asearch.web.extract import Favor, parse_content_type, sniff_type
 from asearch.web.resilience import ResilienceConfig, TransientError
-from asearch.web.ssrf import GuardedTransport, Resolver, SsrfBlocked, UrlPolicy, check_url
+from asearch.web.ssrf import (
+    GuardedTransport,
+    Resolver,
+    SsrfBlocked,
+    UrlPolicy,
+    check_url,
+    shown_url,
+    url_text_problem,
+)
 
 REDIRECT_STATUS = frozenset({301, 302, 303, 307, 308})
 # Answers that say the page does not exist (cached as such, so a replay sees the same).
 GONE_STATUS = frozenset({404, 410})
+# Where `_hold_location` keeps a response's Location header, out of httpx's sight.
+_LOCATION = "asearch.location"
 
 
 class FetchConfig(Config):
@@ -59,6 +69,32 @@ class FetchConfig(Config):
 class _Redirect(Exception):  # noqa: N818 (control flow inside SafeFetcher, never escapes it)
     def __init__(self, location: str):
         self.location = location
+
+
+async def _hold_location(response: httpx.Response) -> None:
+    """Take the Location header away before httpx reads it: httpx parses it for `next_request` even when
+    not following redirects, and a malformed one raises there (InvalidURL, or a retried protocol error)."""
+    location = response.headers.get("location")
+    if location is not None:
+        del response.headers["location"]
+        response.extensions[_LOCATION] = location
+
+
+def redirect_target(current: httpx.URL, location: str, policy: UrlPolicy) -> httpx.URL:
+    """The vetted url a redirect from `current` to `location` leads to. A location that cannot be a valid
+    url, or one the guard refuses, raises SsrfBlocked naming it and why (never retried: it stays invalid)."""
+    shown, origin = shown_url(location), f"(a redirect from {current})"
+    problem = url_text_problem(location)
+    if problem:
+        raise SsrfBlocked(shown, f"{problem} {origin}")
+    try:
+        joined = current.join(location)
+    except (httpx.InvalidURL, ValueError) as e:
+        raise SsrfBlocked(shown, f"not a valid url ({e}) {origin}") from None
+    try:
+        return check_url(joined, policy)  # every hop is vetted like the first
+    except SsrfBlocked as e:
+        raise SsrfBlocked(e.target, f"{e.reason} {origin}") from None
 
 
 class FetchRefused(ToolError):
@@ -116,6 +152,7 @@ class SafeFetcher:
             transport=self._transport,
             timeout=httpx.Timeout(c.resilience.timeout_s, connect=c.connect_timeout_s),
             follow_redirects=False,  # we follow them ourselves, checking each hop
+            event_hooks={"response": [_hold_location]},
             trust_env=False,  # an env proxy would resolve names itself, around the guard
             headers={
                 "User-Agent": c.user_agent,
@@ -135,16 +172,7 @@ class SafeFetcher:
                     raise FetchRefused(
                         f"{url} redirects more than {c.max_redirects} times; not followed"
                     ) from None
-                try:
-                    nxt = current.join(r.location)
-                except (httpx.InvalidURL, ValueError):
-                    raise FetchRefused(
-                        f"{current} redirects to an invalid url {r.location[:200]!r}"
-                    ) from None
-                try:
-                    current = check_url(nxt, c.guard)  # every hop is vetted like the first
-                except SsrfBlocked as e:
-                    raise SsrfBlocked(e.target, f"{e.reason} (a redirect from {current})") from None
+                current = redirect_target(current, r.location, c.guard)
                 redirects.append(str(current))
             except SsrfBlocked as e:  # the socket-level guard refused a hop's resolved address
                 if not redirects:
@@ -155,7 +183,7 @@ class SafeFetcher:
         """One request of the chain; a redirect answer raises _Redirect for `fetch` to vet and follow."""
         c = self.config
         async with self._http.get().stream("GET", current) as resp:
-            location = resp.headers.get("location")
+            location = resp.extensions.get(_LOCATION)
             if resp.status_code in REDIRECT_STATUS and location:
                 raise _Redirect(location)
             if resp.status_code in GONE_STATUS:

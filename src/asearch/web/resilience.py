@@ -162,7 +162,7 @@ class Resilience:
     `run(attempt)` calls `attempt()` (one request) until it succeeds, fails for good, or the attempts are
     used up. Transient failures (TransientError, httpx timeouts and transport errors) are retried;
     other RemoteErrors fail at once; ToolErrors (a refused url, a spent budget) pass through untouched
-    and are no fault of the service. The last failure becomes `RemoteError("<name>: <problem> (3 attempts)")`.
+    and are no fault of the service, and an httpx.InvalidURL becomes one (it is never retried). The last failure becomes `RemoteError("<name>: <problem> (3 attempts)")`.
     """
 
     def __init__(
@@ -229,6 +229,10 @@ class Resilience:
                 self.refused += 1
                 self.breaker.release_trial()
                 raise
+            except httpx.InvalidURL as e:  # no request was possible, and retrying will not make the url valid
+                self.refused += 1
+                self.breaker.release_trial()
+                raise ToolError(f"{self.name}: refused a url that is not valid ({e})") from None
             except (RemoteError, httpx.HTTPError) as e:  # a final answer: 4xx, bad data, bad encoding
                 self.failures += 1
                 self._count("rejected")

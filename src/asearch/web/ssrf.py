@@ -50,6 +50,9 @@ _NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1:
 _IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
 _IPV4_PART = re.compile(r"^(0x[0-9a-f]*|[0-9]+)$", re.IGNORECASE)
 _BAD_URL_CHARS = re.compile(r"[\x00-\x20\x7f\\]")
+# One label of a host name as httpx writes it (IDNA already applied): letters, digits, hyphen, underscore.
+_HOST_LABEL = re.compile(r"^[A-Za-z0-9_-]{1,63}$")
+_BAD_CHAR_NAMES = {"\\": "a backslash", " ": "a space", "\t": "a tab", "\n": "a newline", "\r": "a return"}
 
 
 class SsrfBlocked(ToolError):
@@ -195,15 +198,29 @@ def _host_name_problem(host: str, policy: UrlPolicy) -> str | None:
 # --------------------------------------------------------------------------- urls
 
 
-def check_url(url: str | httpx.URL, policy: UrlPolicy) -> httpx.URL:
-    """Refuse by its text a url the policy does not allow; return it parsed (by httpx, the parser that
-    will connect, so the check and the fetch cannot read the url differently). Raises SsrfBlocked.
+def url_text_problem(text: str) -> str | None:
+    """Why a url's text cannot be a url at all (whitespace, control characters, a backslash), or None.
+    Clients disagree on such urls (a browser reads `http:\\\\evil` as `http://evil`), so none is read."""
+    bad = _BAD_URL_CHARS.search(text)
+    if bad is None:
+        return None
+    what = _BAD_CHAR_NAMES.get(bad.group(), f"the control character {bad.group()!r}")
+    return f"not a valid url: it contains {what} (at character {bad.start()})"
 
-    Host names are not resolved here; `GuardedNetworkBackend` vets the addresses at connect time."""
+
+def shown_url(text: str) -> str:
+    """A url as a refusal message names it: cut at 200 characters (a hostile one may be megabytes)."""
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def parse_url(url: str | httpx.URL, policy: UrlPolicy) -> httpx.URL:
+    """`url` parsed by httpx (the parser that will connect) with a scheme, host and port that can be dialled;
+    a url that cannot be valid raises SsrfBlocked naming it and why (never InvalidURL or UnicodeError)."""
     text = str(url)
-    shown = text if len(text) <= 200 else text[:200] + "..."
-    if _BAD_URL_CHARS.search(text):
-        raise SsrfBlocked(shown, "the url contains whitespace, control characters or a backslash")
+    shown = shown_url(text)
+    problem = url_text_problem(text)
+    if problem:
+        raise SsrfBlocked(shown, problem)
     try:
         parsed = httpx.URL(text)
     except (httpx.InvalidURL, ValueError) as e:
@@ -212,16 +229,50 @@ def check_url(url: str | httpx.URL, policy: UrlPolicy) -> httpx.URL:
             host = urlsplit(text).hostname or ""
         except ValueError:
             host = ""
-        problem = host_problem(host, policy) if host else None
-        raise SsrfBlocked(shown, problem or f"not a valid url ({e})") from None
+        problem = (host_problem(host, policy) if host else None) or f"not a valid url ({e})"
+        raise SsrfBlocked(shown, problem) from None
     if parsed.scheme not in ("http", "https"):
         scheme = parsed.scheme or "(none)"
         raise SsrfBlocked(shown, f"scheme {scheme!r} is not allowed; only http and https urls are fetched")
     if parsed.userinfo:
         raise SsrfBlocked(shown, "urls with credentials (user@host) are not fetched")
+    problem = _host_syntax_problem(parsed) or _port_problem(parsed.port)
+    if problem:
+        raise SsrfBlocked(shown, problem)
+    return parsed
+
+
+def _host_syntax_problem(parsed: httpx.URL) -> str | None:
+    """Why the host of a parsed url cannot be dialled as written (empty, bad characters, bad IDNA), or None."""
+    raw = parsed.raw_host.decode("ascii", "replace")
+    if not raw:
+        return "not a valid url: it has no host"
+    if ":" in raw:  # an IPv6 literal; httpx has already checked its syntax
+        return None
+    name = raw.rstrip(".")
+    if len(name) > 253 or not all(_HOST_LABEL.match(label) for label in name.split(".")):
+        return f"not a valid url: the host {raw[:80]!r} is not a valid host name"
+    try:
+        parsed.host  # noqa: B018 - decoding the IDNA labels is the check
+    except ValueError as e:  # UnicodeError: an xn-- label that is no valid punycode
+        return f"not a valid url: the host {raw[:80]!r} is not a valid internationalised name ({e})"
+    return None
+
+
+def _port_problem(port: int | None) -> str | None:
+    if port is not None and not 1 <= port <= 65535:
+        return f"not a valid url: port {str(port)[:20]} is out of range (1-65535)"
+    return None
+
+
+def check_url(url: str | httpx.URL, policy: UrlPolicy) -> httpx.URL:
+    """Refuse by its text a url the policy does not allow, or one that cannot be valid (`parse_url`);
+    return it parsed. Raises SsrfBlocked.
+
+    Host names are not resolved here; `GuardedNetworkBackend` vets the addresses at connect time."""
+    parsed = parse_url(url, policy)
+    shown = shown_url(str(url))
     host = parsed.host
-    if not host:
-        raise SsrfBlocked(shown, "the url has no host")
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
     if policy.allowed_ports is not None and port not in policy.allowed_ports:
         raise SsrfBlocked(shown, f"port {port} is not in the allowed ports {policy.allowed_ports}")
