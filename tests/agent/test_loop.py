@@ -68,7 +68,7 @@ def run(world, policy, **cfg):
 
 
 def test_search_read_answer_is_token_exact(world):
-    traj, tok = run(world, expert)
+    traj, tok = run(world, expert, style_options={"compact_read_blocks": None})  # one segment: nothing cut
     assert traj.finish == "answer" and traj.answer == "Oslen"
     assert [(t.kind, t.action) for t in traj.turns] == [("act", "search"), ("read", None), ("act", "answer")]
     assert traj.counters["searches"] == 1 and traj.counters["read_turns"] == 1
@@ -118,7 +118,7 @@ def test_access_and_unknown_url_are_observations(world):
             return "read it</summary>"
         if "nowhere.example" not in prompt:
             return "<access>https://nowhere.example/x</access>"
-        if "Oslen is a city" not in prompt:
+        if "[page 1/1 of https://mini.example/wiki/Oslen]" not in prompt:
             return "<access>https://mini.example/wiki/Oslen</access>"
         return "<answer>Tarnia</answer>"
 

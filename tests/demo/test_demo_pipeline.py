@@ -112,3 +112,30 @@ def test_name_answers_keeps_only_questions_answered_by_an_entity() -> None:
     assert all(r.metadata["path"][-1] in RELATIONS and not r.golds[0][:1].isdigit() for r in recs)
     every = world_records(1, 600, 30, (1, 2, 3), "t", names=9, pages="facts")
     assert any(r.metadata["path"][-1] not in RELATIONS for r in every)  # attribute answers without it
+
+
+def test_the_long_preset_trains_access_and_reading_turns(tmp_path: Path) -> None:
+    """`--preset long` at toy sizes: long pages opened with access and read chunk by chunk in RL too, and the
+    summary, report and viewer files carry the long-horizon figures."""
+    out = tmp_path / "long"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    toy = [o for o in TOY if not o.startswith(("rl.agent.max_turns", "world_entities", "heldout_entities"))]
+    done = subprocess.run(
+        [sys.executable, "-m", "asearch", "demo", "--preset", "long", "--seed", "3", "--out", str(out), *toy,
+         "world_entities=400", "heldout_entities=400", "train_questions=12", "heldout_questions=12", "expert_episodes=24",
+         "rl.agent.max_turns=12", "rl.tools.search.topk=2"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert {"heldout_mean_turns_after", "heldout_access_rate_correct", "horizon", "horizon_before"} <= set(summary)
+    assert set(summary["horizon"]["accuracy_by_hops"]) == {"1", "2", "3", "4", "5", "6"}
+    assert (out / "horizon.png").read_bytes().startswith(b"\x89PNG")
+    assert "(long preset)" in (out / "report.md").read_text()
+    rows = [json.loads(line) for line in (out / "heldout_after.jsonl").read_text().splitlines()]
+    assert len(rows) == 12 and all("compactions" in r for r in rows)
+    config = (out / "rl" / "config.yaml").read_text()
+    assert "chunks_per_call: 1" in config and "reading_turns: true" in config and "compact_when: full" in config
+    steps = [json.loads(line) for line in (out / "rl" / "metrics.jsonl").read_text().splitlines()]
+    trained = [m for m in steps if "rollout/reward_mean" in m]
+    assert trained and all({"rollout/accesses_mean", "rollout/read_turns_mean", "rollout/compactions_mean"} <= set(m) for m in trained)

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from asearch.agent.loop import AgentConfig
-from asearch.demo.worlds import ExpertJob, WorldJob, expert_episodes, interleave, prepare_world, worker_pool
+from asearch.demo.worlds import (
+    ExpertJob,
+    ExpertMistakes,
+    WorldJob,
+    expert_episodes,
+    interleave,
+    prepare_world,
+    worker_pool,
+)
 from asearch.tools import ToolsConfig
 
 pytest.importorskip("torch")
@@ -29,7 +37,7 @@ def test_two_worker_processes_give_what_one_process_gives(tmp_path, monkeypatch)
     assert len(list((tmp_path / "cache" / "indexes").iterdir())) == 2  # both indexes built into the cache
     tok = train_bpe_tokenizer((r.question for rs in records for r in rs), vocab_size=300)
     agent = AgentConfig(style="search-r1", style_options=DEMO_STYLE, max_turns=4, max_new_tokens=48, max_context_tokens=1024)
-    experts = [ExpertJob(rs, 15, tc, tok, agent, 0.5, 0.25, 7 + k) for k, (rs, tc) in enumerate(zip(records, tools, strict=True))]
+    experts = [ExpertJob(rs, 15, tc, tok, agent, ExpertMistakes(p_skip=0.5, p_wrong=0.25), 7 + k) for k, (rs, tc) in enumerate(zip(records, tools, strict=True))]
     with worker_pool(2) as two:
         assert [[r.question for r in rs] for rs in two(prepare_world, jobs)] == [[r.question for r in rs] for rs in records]
         in_workers = two(expert_episodes, experts)

@@ -150,3 +150,29 @@ def test_the_page_shown_is_recorded_in_the_episode():
     run(run_tool(AccessTool(DictPages(PAGES)), MID.url, episode=episode))
     run(run_tool(AccessTool(DictPages(PAGES)), "https://w.test/Nowhere", episode=episode))  # not found: not a page
     assert [p.url for p in episode.pages] == [MID.url] and episode.last_page == MID
+
+
+LINES = Page(url="https://w.test/Lines", title="Lines", contents="\n".join(f"line {i:02d} " + "x" * 20 for i in range(12)))
+
+
+def test_chunks_end_at_line_breaks_so_no_line_is_cut_in_two():
+    cfg = AccessToolConfig(chunk_chars=100)
+    chunks = run(run_tool(AccessTool(DictPages([LINES]), cfg), LINES.url)).metadata["chunks"]
+    bodies = [body(c) for c in chunks]
+    assert all(len(b) <= 100 for b in bodies) and len(bodies) == 4
+    assert "\n".join(bodies) == LINES.contents  # every line whole, in order, nothing lost
+    exact = run(run_tool(AccessTool(DictPages([LINES]), AccessToolConfig(chunk_chars=100, cut_at_lines=False)), LINES.url))
+    assert [len(body(c)) for c in exact.metadata["chunks"]][:3] == [100, 100, 100]  # the character cut cuts lines
+
+
+def test_paging_shows_one_chunk_per_call_and_goes_on_where_it_stopped():
+    tool = AccessTool(DictPages([LINES, MID]), AccessToolConfig(chunk_chars=100, chunks_per_call=1))
+    episode = EpisodeContext()
+    shown = [run(run_tool(tool, LINES.url, episode=episode)).metadata for _ in range(4)]
+    assert [m["chunks"][0].split("\n", 1)[0] for m in shown] == [f"[page {k}/4 of {LINES.url}]" for k in (1, 2, 3, 4)]
+    assert [m["first_chunk"] for m in shown] == [0, 1, 2, 3]
+    past = run(run_tool(tool, LINES.url, episode=episode))
+    assert past.error is None and past.text == f"[{LINES.url} has no page 5: all 4 pages were shown]"
+    # another page starts at its first chunk; another episode starts afresh
+    assert run(run_tool(tool, MID.url, episode=episode)).metadata["first_chunk"] == 0
+    assert run(run_tool(tool, LINES.url, episode=EpisodeContext())).metadata["first_chunk"] == 0

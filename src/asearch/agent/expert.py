@@ -93,3 +93,104 @@ class WorldExpert:
 def _question_of(prompt: str) -> str:
     m = re.search(r"Question: (.*?)\n", prompt)
     return m.group(1).strip() if m else ""
+
+
+# ---------------------------------------------------------------------------- the reading expert (long pages)
+
+# The long-horizon agent's format: the world style with access, and a reading turn (a <summary>) after
+# each page chunk; search results are shown at once.
+READING_STYLE = {**WORLD_STYLE, "actions": ("search", "access", "answer"), "reading_turns": True, "reading_tools": ("access",)}
+
+_ACTION = re.compile(r"<(search|access|answer)> ?(.*?)</\1>|<summary> ?(.*?)</summary>", re.S)
+_RESULT = re.compile(r"^\[Doc \d+\]\((\S+)\) (.+?) : ", re.M)
+_MARKER = re.compile(r"\[page (\d+)/(\d+) of (\S+)\]")
+
+
+@dataclass(frozen=True)
+class ReadingPlan:
+    """The hops of one question on long pages: the subject to search first, and the key word of the line
+    that holds each hop's fact (`employer`, `birthplace`, ...)."""
+
+    subject: str
+    keys: tuple[str, ...]
+
+
+def reading_plan_from_record(record: Mapping[str, Any]) -> ReadingPlan:
+    """A question's plan from its evidence: each statement is `key value`, so the key is what precedes the value."""
+    ev = record["metadata"]["evidence"]
+    return ReadingPlan(ev[0]["entity"], tuple(e["statement"][: -len(str(e["value"]))].strip() for e in ev))
+
+
+class ReadingExpert:
+    """Policy(prompt text) -> next model output, as ASearcher's agent works on long pages: search the hop's
+    entity, open the result titled with it, read the page chunk by chunk writing a `<summary>` of each (the
+    asked line, or `no <key>`), open the next chunk until the line is found, then the next hop, then answer.
+
+    It reads its state off the prompt, its own summaries included (old chunks may have been cut from the
+    context), so it works the same after compaction. Its mistakes leave the right behaviour reachable:
+    `p_skip` answers a middle hop's value as if it were the last, `p_stop` stops reading a page whose line
+    it has not found yet and guesses a name from the chunk, `p_distract` summarises another line's name as
+    the asked one when the chunk lacks it. Choices depend on (seed, prompt) only."""
+
+    def __init__(self, plans: Mapping[str, ReadingPlan], *, p_skip: float = 0.1, p_stop: float = 0.1,
+                 p_distract: float = 0.1, seed: int = 0):  # fmt: skip
+        self.plans, self.seed = dict(plans), seed
+        self.p_skip, self.p_stop, self.p_distract = p_skip, p_stop, p_distract
+
+    def _rng(self, prompt: str) -> random.Random:
+        return random.Random(int(hashlib.sha256(f"{self.seed}|{prompt}".encode()).hexdigest()[:16], 16))
+
+    def __call__(self, prompt: str) -> str:
+        plan = self.plans.get(_question_of(prompt))
+        if plan is None:
+            return act("answer", "unknown")
+        rng = self._rng(prompt)
+        events = [(m.group(1) or "summary", m.group(2) if m.group(1) else m.group(3)) for m in _ACTION.finditer(prompt)]
+        hop = sum(1 for kind, text in events if kind == "summary" and not text.startswith("no "))
+        tail = prompt.split("<information>")[-1] if "<information>" in prompt else ""
+        if prompt.endswith("<summary>"):
+            return self._summary(plan.keys[min(hop, len(plan.keys) - 1)], tail, rng)
+        if not events:
+            return act("search", plan.subject)
+        kind, text = events[-1]
+        if kind == "search":
+            return self._open_result(text, tail)
+        if kind == "summary" and text.startswith("no "):
+            last_url = next((arg for k, arg in reversed(events) if k == "access"), "")
+            return self._read_on(tail, last_url.strip(), rng)
+        if kind == "summary":
+            value = text.split(" ", len(plan.keys[hop - 1].split()))[-1]
+            if hop >= len(plan.keys) or rng.random() < self.p_skip:
+                return act("answer", value)
+            return act("search", value)
+        return act("answer", "unknown")  # a page that ended without the line, or an error
+
+    def _summary(self, key: str, chunk: str, rng: random.Random) -> str:
+        """The reading turn's text after `<summary>`: the line `key value` if the chunk has it."""
+        lines = chunk.split("</information>")[0].splitlines()
+        asked = [line for line in lines if line.startswith(key + " ")]
+        if asked:
+            return f" {asked[0]}</summary>"
+        others = [line for line in lines[2:] if " " in line and not line.startswith("[")]
+        if others and rng.random() < self.p_distract:
+            name = others[rng.randrange(len(others))].split(" ", 1)[1]
+            return f" {key} {name}</summary>"
+        return f" no {key}</summary>"
+
+    def _open_result(self, query: str, results: str) -> str:
+        """Open the result titled exactly as the entity searched for."""
+        for url, title in _RESULT.findall(results):
+            if title == query:
+                return act("access", url)
+        return act("answer", "unknown")
+
+    def _read_on(self, chunk: str, url: str, rng: random.Random) -> str:
+        """After a chunk without the asked line: open the page's next chunk (or, the mistake, guess). The
+        chunk's marker says whether one is left; a chunk already cut from the context has none (go on)."""
+        marker = _MARKER.search(chunk)
+        if marker is not None and int(marker.group(1)) >= int(marker.group(2)) or not url:
+            return act("answer", "unknown")
+        if rng.random() < self.p_stop:
+            names = _NAME.findall(chunk.split("\n", 2)[-1])
+            return act("answer", rng.choice(names) if names else "unknown")
+        return act("access", url)

@@ -42,7 +42,8 @@ class AgentConfig(Config):
         32, ge=1, description="LLM calls per episode, reading turns included (128+ works)."
     )
     max_context_tokens: int = Field(
-        8192, ge=16, description="Prompt + new tokens of one call; beyond it: finish."
+        32768, ge=16, description="Prompt + new tokens of one call (also capped by the engine's max_seq_len); "
+        "beyond it: finish. ASearcher works with 28-32k-token contexts (docs/agent.md).",
     )
     max_new_tokens: int = Field(512, ge=1, description="New tokens per LLM call.")
     temperature: float = Field(1.0, ge=0.0, description="0 = greedy.")
@@ -200,6 +201,8 @@ class _Episode:
         )
         engine_limit = getattr(self.engine, "max_seq_len", None) or cfg.max_context_tokens
         context_limit = min(cfg.max_context_tokens, engine_limit)
+        if len(prompt_ids) + turn_budget > context_limit and self.ctx.compact_summarised():
+            prompt_ids = list(traj.segments[-1].token_ids)
         budget = min(turn_budget, context_limit - len(prompt_ids))
         if budget < 1:
             traj.finish = "max_tokens"
@@ -273,7 +276,8 @@ class _Episode:
         if turn.tool_error:
             self.traj.count("tool_errors")
         turn.observation = obs_text
-        if self.style.reading_turns and turn.tool_error is None:
+        reads = self.style.reading_tools is None or kind in self.style.reading_tools
+        if self.style.reading_turns and reads and turn.tool_error is None:
             self.pending_blocks.extend(blocks or [obs_text])
         else:
             self.ctx.observe(self.ctx.as_user_turn(self.style.observation_template.format(text=obs_text)))
@@ -342,7 +346,8 @@ class _Context:
         self._last_output = ""
         # full history: pieces of context as (ids, compact_ids | None) to rebuild after compaction
         self.pieces: list[tuple[list[int], list[int] | None]] = []
-        self._last_block: int | None = None
+        self._last_block: int | None = None  # the block the current reading turn summarises
+        self._summarised: list[int] = []  # blocks summarised and not yet cut (compact_when="full")
         if style.history == "full":
             opening = self._encode(self.opening_text)
             traj.segments.append(Segment())
@@ -403,15 +408,28 @@ class _Context:
             self.notes.append(text + "\n")
 
     def compact_last_block(self) -> None:
-        """Replace the block just summarised by its short form; the model continues in a new segment."""
+        """The block just summarised may be cut: now (compact_when="read": the model continues in a new
+        segment), or once the context is full (`compact_summarised`)."""
         if self._last_block is None:
             return
-        ids, compact = self.pieces[self._last_block]
-        self.pieces[self._last_block] = (compact or ids, None)
+        self._summarised.append(self._last_block)
         self._last_block = None
+        if self.style.compact_when == "read":
+            self.compact_summarised()
+
+    def compact_summarised(self) -> bool:
+        """Replace every summarised block by its short form and go on in a new segment; False if none."""
+        if not self._summarised:
+            return False
+        for i in self._summarised:
+            ids, compact = self.pieces[i]
+            self.pieces[i] = (compact or ids, None)
+        self._summarised = []
         seg = Segment()
         seg.extend_context([t for piece, _ in self.pieces for t in piece])
         self.traj.segments.append(seg)
+        self.traj.count("compactions")
+        return True
 
 
 def _uses_chat(tokenizer: Any, style: AgentStyle) -> bool:

@@ -40,6 +40,10 @@ class AgentStyle(Config):
     reading_turns: bool = Field(
         True, description="After each result block or page chunk the model writes a summary in its own LLM call."
     )
+    reading_tools: tuple[str, ...] | None = Field(
+        None, description="With reading_turns: the tools whose results get reading turns (None: every tool's, as "
+        "ASearcher does); the others are shown at once.",
+    )
     read_max_new_tokens: int = Field(256, ge=1, description="Token budget of a reading turn (a summary).")
     read_open: str = "<summary>"
     read_close: str = "</summary>"
@@ -53,6 +57,12 @@ class AgentStyle(Config):
         ge=0,
         description="full: after a block is summarised, keep only its first N characters in later context "
         "(None keeps it all). Starts a new segment.",
+    )
+    compact_when: Literal["read", "full"] = Field(
+        "read",
+        description="With compact_read_blocks: 'read' cuts each block as soon as it is summarised (ASearcher); "
+        "'full' keeps summarised blocks whole until the next call would not fit agent.max_context_tokens, then "
+        "cuts all of them at once (fewer segments, so less to train on; docs/agent.md).",
     )
     force_answer_after: int | None = Field(
         None, ge=1, description="After this many tool actions only <answer> is allowed."
@@ -127,7 +137,8 @@ Hamlet is a tragedy written by William Shakespeare.
 <answer>William Shakespeare</answer>"""
 
 STYLES: dict[str, AgentStyle] = {
-    "asearcher": AgentStyle(name="asearcher", system_prompt=_ASEARCHER_SYSTEM),
+    # as ASearcher: a page chunk is cut to its first 100 characters once summarised
+    "asearcher": AgentStyle(name="asearcher", system_prompt=_ASEARCHER_SYSTEM, compact_read_blocks=100),
     "reasoning": AgentStyle(
         name="reasoning",
         system_prompt=_REASONING_SYSTEM,

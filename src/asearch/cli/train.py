@@ -35,12 +35,18 @@ def demo(
     seed: Annotated[int, typer.Option(help="Seed of worlds, model, SFT and RL.")] = 0,
     out: Annotated[Path | None, typer.Option(help="Run directory (default runs/demo-seed<seed>-<time>).")] = None,
     config: Annotated[Path | None, typer.Option("--config", "-c", help="Demo YAML.", exists=True, dir_okay=False)] = None,
+    preset: Annotated[str, typer.Option(help="Starting settings: 'default' (search only, 1-3 hops) or 'long' "
+                                        "(access, reading turns with summaries, 1-6 hops; docs/demo.md).")] = "default",
     overrides: OverridesArg = None,
 ) -> None:
     """The CPU learning demo: a tiny search agent learns multi-hop search on the embedded world."""
     from asearch.config import load_config
     from asearch.demo.pipeline import DemoConfig, run_demo
+    from asearch.demo.presets import preset as preset_settings
 
-    cfg = load_config(DemoConfig, config, [f"seed={seed}", *([f"out={out}"] if out else []), *(overrides or [])])
+    cfg = load_config(
+        DemoConfig, config, [f"seed={seed}", *([f"out={out}"] if out else []), *(overrides or [])],
+        base=preset_settings(preset),
+    )  # fmt: skip
     summary = run_demo(cfg, log=console.print)
     print(json.dumps(summary, indent=2))

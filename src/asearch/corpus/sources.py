@@ -11,7 +11,7 @@ from asearch.corpus.types import CorpusSource, Document, Page
 from asearch.errors import AsearchError, ConfigError
 
 CORPUS_SPEC_HELP = (
-    "a corpus is 'wiki10k', 'world' (options: 'world:7' for seed 7, or 'world:seed=7,entities=3000', 'names=N' to draw names from world N's pool, 'pages=facts' for `key value` pages), "
+    "a corpus is 'wiki10k', 'world' (options: 'world:7' for seed 7, or 'world:seed=7,entities=3000', 'names=N' to draw names from world N's pool, 'pages=facts' for `key value` pages, 'pages=long' for long pages behind a snippet), "
     "or the path of a .jsonl file"
 )
 

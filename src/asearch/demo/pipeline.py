@@ -24,6 +24,7 @@ from asearch.agent.workflow import SearchAgentWorkflow
 from asearch.config import Config
 from asearch.demo.worlds import (
     ExpertJob,
+    ExpertMistakes,
     WorldJob,
     expert_engine,
     expert_episodes,
@@ -34,7 +35,8 @@ from asearch.demo.worlds import (
 from asearch.engine.registry import EngineConfig
 from asearch.errors import ConfigError
 from asearch.eval.datasets import load_dataset
-from asearch.eval.runner import evaluate_workflow
+from asearch.eval.horizon import episode_row, horizon_summary, read_episode_rows, write_episode_rows
+from asearch.eval.runner import EpisodeScores, evaluate_workflow
 from asearch.files import atomic_write_json, write_jsonl
 from asearch.launch.train import HeldoutConfig, TrainConfig, train
 from asearch.metrics.reward import RewardConfig
@@ -96,10 +98,13 @@ class DemoConfig(Config):
     out: Path | None = Field(None, description="Run directory (default runs/demo-seed<seed>-<time>).")
     world_entities: int = Field(1000, ge=100, description="Entities of each training world.")
     heldout_entities: int = Field(1000, ge=100, description="Entities of the held-out world.")
-    pages: Literal["facts", "prose"] = Field(
+    preset: str = Field("default", description="The preset these settings started from (`asearch demo --preset`).")
+    pages: Literal["facts", "prose", "long"] = Field(
         "facts",
-        description="Page style of every world: 'facts' (`key value` fields in a fixed order, docs/world.md) "
-        "or 'prose' (templated sentences: a harder reading task than a 1M-parameter model learns in minutes).",
+        description="Page style of every world: 'facts' (`key value` fields in a fixed order, docs/world.md), "
+        "'prose' (templated sentences: a harder reading task than a 1M-parameter model learns in minutes) or "
+        "'long' (the facts among distractor lines behind a snippet: the agent opens pages and reads them "
+        "chunk by chunk with the reading expert; the `long` preset).",
     )
     names: int | None = Field(
         255,
@@ -160,6 +165,19 @@ class DemoConfig(Config):
         0.0,
         description="Expert copies a wrong name on one-hop questions with this probability (off: it made the "
         "supervised start copy worse, docs/demo.md).",
+    )
+    p_stop: float = Field(
+        0.1, description="pages=long: the reading expert stops reading a page before it found the asked line "
+        "(and guesses a name from the chunk) with this probability, per chunk.",
+    )
+    p_distract: float = Field(
+        0.1, description="pages=long: the reading expert summarises another line's name as the asked one, when "
+        "the chunk lacks it, with this probability.",
+    )
+    max_positions: int = Field(1024, ge=64, description="Positions of the tiny Qwen2 (the longest context it can see).")
+    attention: Literal["eager", "sdpa"] = Field(
+        "eager", description="Attention of SFT and the RL trainer: 'eager' (plain matmuls) is the faster one on "
+        "short episodes, 'sdpa' on long ones (2.2x at 620 tokens per sequence; docs/demo.md).",
     )
     sft: SFTConfig = Field(
         default_factory=lambda: SFTConfig(
@@ -225,15 +243,29 @@ def _split_per_hop(records: list[Any], per_hop: int) -> tuple[list[Any], list[An
     return [r for h, rs in by_hops.items() for r in rs[: cut[h]]], [r for h, rs in by_hops.items() for r in rs[cut[h] :]]
 
 
-def _tokenizer_texts(corpus, records, topk: int) -> Any:
+def _tokenizer_texts(corpus, records, cfg: DemoConfig, layout: _Layout) -> Any:
     """Pages as search results, and questions, actions and observations, so tags and result headers are known."""
     from asearch.agent.expert import act
 
-    yield from _page_texts(corpus, topk)
+    yield from _page_texts(corpus, cfg.rl.tools.search.topk)
     for r in records[:500]:
         ev = r.metadata["evidence"]
         yield DEMO_STYLE["user_template"].format(question=r.question) + act("search", ev[0]["entity"])
         yield DEMO_STYLE["observation_template"].format(text="[Doc 1]") + act("answer", r.golds[0])
+
+
+def _episode_texts(corpus, records, cfg: DemoConfig, layout: _Layout) -> list[str]:
+    """Expert episodes on `corpus` as text (through the loop with a byte tokenizer: nothing to fit), and its
+    pages: urls, page markers and summaries are then known words."""
+    from asearch.models.tiny import train_bpe_tokenizer
+
+    byte_tokenizer = train_bpe_tokenizer([], vocab_size=300)
+    tools = build_tools(_tools_over(cfg, corpus.seed), progress=False)
+    return _expert_texts(byte_tokenizer, records, tools, layout.agent, cfg) + [page.contents for page in corpus.pages()]
+
+
+def _tools_over(cfg: DemoConfig, seed: int) -> ToolsConfig:
+    return cfg.rl.tools.model_copy(update={"corpus": _world(cfg, seed, cfg.world_entities).name})
 
 
 def _page_texts(corpus, topk: int) -> Any:
@@ -246,7 +278,7 @@ def _page_texts(corpus, topk: int) -> Any:
 def _expert_texts(tokenizer, records, built_tools, agent_cfg, cfg) -> list[str]:
     """The texts of expert episodes on `records` through the real loop and tools (with `tokenizer`)."""
     tools, closers = built_tools
-    engine = expert_engine(tokenizer, records, p_skip=cfg.p_skip, p_wrong=cfg.p_wrong, seed=cfg.seed, skip_at=cfg.skip_at)
+    engine = expert_engine(tokenizer, records, _mistakes(cfg), cfg.seed)
     workflow = SearchAgentWorkflow(tokenizer, tools, agent_cfg, cfg.rl.reward)
 
     async def go():
@@ -294,6 +326,13 @@ def _heldout_seed(cfg: DemoConfig) -> int:
     return 2 * cfg.seed + 128
 
 
+def _mistakes(cfg: DemoConfig) -> ExpertMistakes:
+    return ExpertMistakes(
+        p_skip=cfg.p_skip, p_wrong=cfg.p_wrong, skip_at=cfg.skip_at, reading=cfg.pages == "long",
+        p_stop=cfg.p_stop, p_distract=cfg.p_distract,
+    )  # fmt: skip
+
+
 def _world(cfg: DemoConfig, seed: int, entities: int):
     from asearch.corpus.world import WorldCorpus
 
@@ -306,7 +345,8 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
     t_start = time.perf_counter()
     log = _clocked(log, t_start)
     torch.manual_seed(cfg.seed)
-    out = cfg.out or Path("runs") / f"demo-seed{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = "demo" if cfg.preset == "default" else f"demo-{cfg.preset}"
+    out = cfg.out or Path("runs") / f"{name}-seed{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
     _check_resumable(out, cfg)
     run = RunDir(out)
     run.save_config(cfg)
@@ -323,14 +363,16 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
         start = _supervised_start(cfg, layout, run, log)
     else:
         log(f"resuming {run.path}: the supervised start in {model_dir} is kept (SFT took {start['sft_seconds']:.0f}s)")
-    model, tokenizer = _load_tiny(model_dir)
+    model, tokenizer = _load_tiny(model_dir, cfg.attention)
     heldout_records = load_dataset(str(data_dir / "heldout.jsonl"))
     heldout_tools, _ = build_tools(layout.heldout_tools, progress=False)
 
-    # ---- 4. held-out accuracy before RL
+    # ---- 4. held-out accuracy before RL (its episodes' rows first: sft.json marks the step done)
     if "heldout_acc_before" not in start:
         log(f"[4/6] held-out accuracy before RL (greedy, {len(heldout_records)} questions)")
-        start["heldout_acc_before"] = _heldout(model, tokenizer, heldout_tools, heldout_records, cfg)
+        episodes = _heldout(model, tokenizer, heldout_tools, heldout_records, cfg)
+        write_episode_rows(run.path / "heldout_before.jsonl", _episode_rows(episodes, heldout_records))
+        start["heldout_acc_before"] = episodes.mean_score
         atomic_write_json(model_dir / "sft.json", start)
     before = start["heldout_acc_before"]
     log(f"      before: {before:.3f}")
@@ -343,7 +385,10 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
 
     # ---- 6. held-out accuracy after RL, summary, plot, report
     torch.set_num_threads(cfg.setup_threads)
-    after = _heldout(model, tokenizer, heldout_tools, heldout_records, cfg)
+    episodes = _heldout(model, tokenizer, heldout_tools, heldout_records, cfg)
+    rows_after = _episode_rows(episodes, heldout_records)
+    write_episode_rows(run.path / "heldout_after.jsonl", rows_after)
+    after = episodes.mean_score
     log(f"[6/6] held-out accuracy after RL: {after:.3f} (before {before:.3f})")
     summary = {
         "seed": cfg.seed,
@@ -361,10 +406,12 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
         "expert_mean_tokens": start["expert_mean_tokens"],
         "heldout_questions": len(heldout_records),
         "rejected_groups": rl_summary["rejected_groups"],
+        **horizon_summary(rows_after, _rows_if_any(run.path / "heldout_before.jsonl")),
     }
-    from asearch.demo.report import write_plot, write_report
+    from asearch.demo.report import write_horizon_plot, write_plot, write_report
 
     write_plot(rl_run.metrics(), run.path / "curve.png", before=before, after=after, temperature=cfg.rl.agent.temperature)
+    write_horizon_plot(run.path / "horizon.png", summary.get("horizon_before"), summary["horizon"])
     write_report(run.path / "report.md", summary, cfg)
     run.write_summary(summary)  # last: its presence marks the run finished
     return summary
@@ -384,7 +431,9 @@ def _supervised_start(cfg: DemoConfig, layout: _Layout, run: RunDir, log) -> dic
     )
     jobs = [job(seed, cfg.world_entities, cfg.train_questions + cfg.rl_questions, "world-train", tc) for seed, tc in zip(layout.train_seeds, layout.train_tools, strict=True)]
     jobs.append(job(layout.heldout_seed, cfg.heldout_entities, cfg.heldout_questions, "world-heldout", layout.heldout_tools))
-    jobs += [job(seed, cfg.world_entities, 300, "world-tokenizer", None, False) for seed in layout.tokenizer_seeds] if cfg.tokenizer == "bpe" else []
+    # long pages: the tokenizer learns from expert episodes on its worlds, so those need their indexes
+    tokenizer_tools = lambda seed: _tools_over(cfg, seed) if cfg.pages == "long" else None  # noqa: E731
+    jobs += [job(seed, cfg.world_entities, 300, "world-tokenizer", tokenizer_tools(seed), False) for seed in layout.tokenizer_seeds] if cfg.tokenizer == "bpe" else []
     with worker_pool(cfg.setup_threads) as pmap:
         prepared = pmap(prepare_world, jobs)
         n_train = len(layout.train_seeds)
@@ -416,15 +465,17 @@ def _supervised_start(cfg: DemoConfig, layout: _Layout, run: RunDir, log) -> dic
                 )
             )
         else:
+            texts_of = _episode_texts if cfg.pages == "long" else _tokenizer_texts
             tokenizer = train_bpe_tokenizer(
                 itertools.chain.from_iterable(
-                    _tokenizer_texts(world(seed, cfg.world_entities), recs, cfg.rl.tools.search.topk)
+                    texts_of(world(seed, cfg.world_entities), recs, cfg, layout)
                     for seed, recs in zip(layout.tokenizer_seeds, prepared[n_train + 1 :], strict=True)
                 ),
                 vocab_size=cfg.vocab_size,
                 whole_numbers=cfg.whole_numbers,
             )
-        model = build_tiny_model(tokenizer, hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads, max_positions=1024, seed=cfg.seed)
+        model = build_tiny_model(tokenizer, hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads, max_positions=cfg.max_positions, seed=cfg.seed)
+        model.set_attn_implementation(cfg.attention)
         unknown = _unknown_words(tokenizer, world(layout.heldout_seed, cfg.heldout_entities))
         log(f"[2/6] {cfg.tokenizer} tokenizer {len(tokenizer)} tokens ({unknown} of the held-out pages' tokens unknown); model {sum(p.numel() for p in model.parameters()):,} parameters")
 
@@ -433,7 +484,7 @@ def _supervised_start(cfg: DemoConfig, layout: _Layout, run: RunDir, log) -> dic
         t0 = time.perf_counter()
         W = len(per_world)
         per_episode = interleave(pmap(expert_episodes, [
-            ExpertJob(recs, len(range(k, cfg.expert_episodes, W)), tc, tokenizer, layout.agent, cfg.p_skip, cfg.p_wrong, cfg.seed + 7919 * k, cfg.skip_at)
+            ExpertJob(recs, len(range(k, cfg.expert_episodes, W)), tc, tokenizer, layout.agent, _mistakes(cfg), cfg.seed + 7919 * k)
             for k, (recs, tc) in enumerate(zip(per_world, layout.train_tools, strict=True))
         ]))  # fmt: skip
     samples = [s for episode in per_episode for s in episode]
@@ -459,12 +510,12 @@ def _supervised_start(cfg: DemoConfig, layout: _Layout, run: RunDir, log) -> dic
     return start
 
 
-def _load_tiny(model_dir: Path):
-    """The saved supervised start, with the plain-matmul attention the tiny model trains fastest with."""
+def _load_tiny(model_dir: Path, attention: str):
+    """The saved supervised start, with the attention it trains with (`DemoConfig.attention`)."""
     from asearch.models.loading import load_model, load_tokenizer
 
     model = load_model(model_dir)
-    model.set_attn_implementation("eager")  # a saved model loads with the library default (SDPA)
+    model.set_attn_implementation(attention)  # a saved model loads with the library default (SDPA)
     return model, load_tokenizer(model_dir)
 
 
@@ -505,8 +556,17 @@ def _clocked(log, t_start: float):
     return lambda msg: log(f"{_mmss(time.perf_counter() - t_start):>5} {msg}")
 
 
-def _heldout(model, tokenizer, tools, records, cfg: DemoConfig) -> float:
-    """Greedy accuracy (the RL reward's metric) of `model` on `records`, with the set-up's threads."""
+def _rows_if_any(path: Path) -> list[dict[str, Any]] | None:
+    return read_episode_rows(path) if path.exists() else None  # a run started before the rows were written
+
+
+def _episode_rows(episodes: EpisodeScores, records) -> list[dict[str, Any]]:
+    """One row per held-out question (a rejected episode has none): turns, tool calls, compactions, hops."""
+    return [episode_row(t, r) for t, r in zip(episodes.trajectories, records, strict=True) if t is not None]
+
+
+def _heldout(model, tokenizer, tools, records, cfg: DemoConfig) -> EpisodeScores:
+    """Greedy episodes (scored with the RL reward's metric) of `model` on `records`, with the set-up's threads."""
     from asearch.engine.inprocess import InProcessEngine
 
     workflow = SearchAgentWorkflow(tokenizer, tools, cfg.rl.agent.model_copy(update={"temperature": 0.0}), cfg.rl.reward)
@@ -514,7 +574,7 @@ def _heldout(model, tokenizer, tools, records, cfg: DemoConfig) -> float:
     async def go():
         engine = InProcessEngine(model, tokenizer, cfg=cfg.rl.engine.options.model_copy(update={"threads": cfg.setup_threads}))
         try:
-            return (await evaluate_workflow(workflow, engine, records, concurrency=128)).mean_score
+            return await evaluate_workflow(workflow, engine, records, concurrency=128)
         finally:
             await engine.close()
 

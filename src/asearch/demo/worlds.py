@@ -98,26 +98,39 @@ class ExpertJob:
     tools: ToolsConfig
     tokenizer: Any
     agent: AgentConfig
-    p_skip: float
-    p_wrong: float
+    mistakes: ExpertMistakes
     seed: int  # the expert's own: its choices depend on (seed, prompt) only
+
+
+@dataclass(frozen=True)
+class ExpertMistakes:
+    """How often the scripted expert errs (DemoConfig documents each); `reading` picks the expert that opens
+    pages and reads them chunk by chunk (long pages) over the one that reads search results."""
+
+    p_skip: float = 0.6
+    p_wrong: float = 0.0
     skip_at: str = "every"
+    reading: bool = False
+    p_stop: float = 0.1
+    p_distract: float = 0.1
 
 
-def expert_engine(
-    tokenizer: Any, records: Sequence[QARecord], *, p_skip: float, p_wrong: float, seed: int, skip_at: str = "every"
-) -> ScriptedEngine:
+def expert_engine(tokenizer: Any, records: Sequence[QARecord], mistakes: ExpertMistakes, seed: int) -> ScriptedEngine:
     """The scripted expert (with its deliberate mistakes) for `records`, as an engine the agent loop drives."""
-    from asearch.agent.expert import WorldExpert, plan_from_record
+    from asearch.agent.expert import ReadingExpert, WorldExpert, plan_from_record, reading_plan_from_record
 
-    plans = {r.question: plan_from_record(r.model_dump()) for r in records}
-    return ScriptedEngine(tokenizer, WorldExpert(plans, p_skip=p_skip, p_wrong=p_wrong, seed=seed, skip_at=skip_at))
+    m = mistakes
+    if m.reading:
+        plans = {r.question: reading_plan_from_record(r.model_dump()) for r in records}
+        return ScriptedEngine(tokenizer, ReadingExpert(plans, p_skip=m.p_skip, p_stop=m.p_stop, p_distract=m.p_distract, seed=seed))
+    world_plans = {r.question: plan_from_record(r.model_dump()) for r in records}
+    return ScriptedEngine(tokenizer, WorldExpert(world_plans, p_skip=m.p_skip, p_wrong=m.p_wrong, seed=seed, skip_at=m.skip_at))
 
 
 def expert_episodes(job: ExpertJob) -> list[list[Sample]]:
     """Per episode, its training samples (one per segment with generated tokens), in episode order."""
     tools, closers = build_tools(job.tools, progress=False)
-    engine = expert_engine(job.tokenizer, job.records, p_skip=job.p_skip, p_wrong=job.p_wrong, seed=job.seed, skip_at=job.skip_at)
+    engine = expert_engine(job.tokenizer, job.records, job.mistakes, job.seed)
 
     async def go():
         sem = asyncio.Semaphore(64)

@@ -31,6 +31,16 @@ class AccessToolConfig(Config):
 
     chunk_chars: int = Field(25_000, ge=1, description="Characters per page chunk (one reading turn each).")
     max_chunks: int = Field(10, ge=1, description="Chunks kept; text beyond them is dropped, with a note.")
+    chunks_per_call: int | None = Field(
+        None,
+        ge=1,
+        description="None: one call shows every chunk (each read in its own turn, as ASearcher does). N: a call "
+        "shows the next N chunks of the page, and opening the same url again in the episode goes on where it "
+        "stopped, so the agent decides after each chunk whether to read on (docs/tools.md).",
+    )
+    cut_at_lines: bool = Field(
+        True, description="End a chunk after a line break in its second half when it has one (lines are not cut in two)."
+    )
 
 
 @runtime_checkable
@@ -125,18 +135,25 @@ class AccessTool:
                 },
             )
         episode.pages.append(page)
-        cut = chunk_page(
-            page.contents, page.url, chunk_chars=self.config.chunk_chars, max_chunks=self.config.max_chunks
-        )
+        cfg = self.config
+        cut = chunk_page(page.contents, page.url, chunk_chars=cfg.chunk_chars, max_chunks=cfg.max_chunks, at_lines=cfg.cut_at_lines)
+        chunks, first = cut.chunks, 0
+        if cfg.chunks_per_call is not None:
+            first = episode.read_chunks.get(page.url, 0)
+            if first >= len(chunks):
+                return self._read_to_end(page.url, len(chunks), start)
+            chunks = chunks[first : first + cfg.chunks_per_call]
+            episode.read_chunks[page.url] = first + len(chunks)
         return Observation(
-            text="\n\n".join(cut.chunks),
+            text="\n\n".join(chunks),
             metadata={
                 "tool": self.name,
                 "url": page.url,
                 "requested_url": args.url,
                 "title": page.title,
                 "found": True,
-                "chunks": cut.chunks,
+                "chunks": chunks,
+                "first_chunk": first,
                 "page_count": len(cut.chunks),
                 "total_chars": cut.total_chars,
                 "truncated": cut.truncated,
@@ -144,3 +161,10 @@ class AccessTool:
                 "latency_s": round(time.perf_counter() - start, 6),
             },
         )
+
+    def _read_to_end(self, url: str, page_count: int, start: float) -> Observation:
+        """Paging past the last chunk: say so (the agent read the whole page already)."""
+        text = f"[{url} has no page {page_count + 1}: all {page_count} pages were shown]"
+        meta = {"tool": self.name, "url": url, "found": True, "chunks": [text], "first_chunk": page_count,
+                "page_count": page_count, "latency_s": round(time.perf_counter() - start, 6)}  # fmt: skip
+        return Observation(text=text, metadata=meta)

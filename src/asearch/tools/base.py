@@ -48,10 +48,12 @@ class Observation:
 
 @dataclass(slots=True)
 class EpisodeContext:
-    """What the tool calls of one episode share: the pages `access` showed it, oldest first. The agent
-    loop makes one per episode; `find` reads the last page from it."""
+    """What the tool calls of one episode share: the pages `access` showed it, oldest first, and how many
+    chunks of each url it has shown (paging, `access.chunks_per_call`). The agent loop makes one per
+    episode; `find` reads the last page from it."""
 
     pages: list[Page] = field(default_factory=list)
+    read_chunks: dict[str, int] = field(default_factory=dict)
 
     @property
     def last_page(self) -> Page | None:

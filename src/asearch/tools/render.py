@@ -60,14 +60,18 @@ class PageChunks:
         return self.total_chars - self.shown_chars
 
 
-def chunk_page(contents: str, url: str, *, chunk_chars: int, max_chunks: int) -> PageChunks:
-    """Split `contents` into consecutive `chunk_chars`-character pieces, keep at most `max_chunks`, and
-    prefix each with its marker. If text was dropped, the last chunk ends with a note that says how much."""
-    pieces = [contents[i : i + chunk_chars] for i in range(0, len(contents), chunk_chars)] or [""]
-    shown = pieces[:max_chunks]
-    n = len(shown)
-    chunks = [f"{page_marker(k, n, url)}\n{text}" for k, text in enumerate(shown, 1)]
-    shown_chars = sum(len(p) for p in shown)
+def chunk_page(contents: str, url: str, *, chunk_chars: int, max_chunks: int, at_lines: bool = False) -> PageChunks:
+    """Split `contents` into consecutive pieces of at most `chunk_chars` characters, keep at most `max_chunks`,
+    and prefix each with its marker. If text was dropped, the last chunk ends with a note that says how much.
+
+    `at_lines`: a piece ends after the last line break in its second half when it has one, so a line (a
+    fact, a paragraph's last sentence) is not cut in two; otherwise pieces are exactly `chunk_chars` long."""
+    spans = _spans(contents, chunk_chars, at_lines)[:max_chunks] or [(0, 0)]
+    n = len(spans)
+    # a piece cut after a line break does not show the break itself
+    texts = [contents[a:b].rstrip("\n") if at_lines else contents[a:b] for a, b in spans]
+    chunks = [f"{page_marker(k, n, url)}\n{text}" for k, text in enumerate(texts, 1)]
+    shown_chars = spans[-1][1]
     if not contents:
         chunks[0] += "(this page is empty)"
     if shown_chars < len(contents):
@@ -77,6 +81,19 @@ def chunk_page(contents: str, url: str, *, chunk_chars: int, max_chunks: int) ->
             f"of {chunk_chars:,} characters are shown)]"
         )
     return PageChunks(chunks=chunks, total_chars=len(contents), shown_chars=shown_chars)
+
+
+def _spans(contents: str, chunk_chars: int, at_lines: bool) -> list[tuple[int, int]]:
+    """(start, end) of each consecutive piece of `contents` (see `chunk_page`)."""
+    spans, start = [], 0
+    while start < len(contents):
+        end = min(start + chunk_chars, len(contents))
+        if at_lines and end < len(contents):
+            newline = contents.rfind("\n", start + chunk_chars // 2, end)
+            end = newline + 1 if newline >= 0 else end
+        spans.append((start, end))
+        start = end
+    return spans
 
 
 def render_page_not_found(url: str) -> str:

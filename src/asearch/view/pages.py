@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
+from asearch.metrics.horizon import PER_EPISODE_MEANS
 from asearch.view.records import TrajectoryRow, outcome_of, split_record, think_text
 from asearch.view.runs import answer_text, kept_edits
 
@@ -65,7 +66,8 @@ class Chart:
 CHARTS: tuple[Chart, ...] = (
     Chart("Reward", ("rollout/reward_mean", "rollout/accuracy"), "mean over the step's trajectories"),
     Chart("Held-out accuracy", ("eval/heldout_acc",), "greedy, held-out questions"),
-    Chart("Turns per episode", ("rollout/turns_mean", "rollout/searches_mean")),
+    Chart("Turns per episode", ("rollout/turns_mean", "rollout/searches_mean", "rollout/accesses_mean", "rollout/read_turns_mean")),
+    Chart("Compactions per episode", ("rollout/compactions_mean",)),
     Chart("Generated tokens per episode", ("rollout/gen_tokens_mean",)),
     Chart("Staleness", ("rollout/staleness_mean", "rollout/staleness_max"), "policy versions behind"),
     Chart("Rejected groups", ("rollout/rejected/",), "running total, by cause"),
@@ -239,6 +241,9 @@ def run_details(run: Any) -> str:
     """The collapsible extras of one run row: summary, plot, report, checkpoints, config."""
     kind = run.kind
     out = []
+    horizon = run.horizon() if kind == "demo" else None
+    if horizon:
+        out.append(horizon_section(horizon["after"], horizon["before"]))
     value = run.summary.get() if kind in ("train", "demo") else None  # eval summaries have their own tables
     if isinstance(value, dict) and value:
         out.append("<h4>summary.json</h4>" + _kv_table(value))
@@ -258,6 +263,45 @@ def run_details(run: Any) -> str:
         if cfg:
             out.append(f'<h4>config.yaml</h4><pre class="report">{esc(cfg)}</pre>')
     return "".join(out)
+
+
+def _columns_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A table with a header row; cells are escaped and numbers formatted."""
+    head = "".join(f"<th>{esc(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{esc(_fmt(c))}</td>" for c in r) + "</tr>" for r in rows)
+    return f'<table class="horizon"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _hop_cell(stats: Mapping[str, Any] | None, hops: str) -> str:
+    cell = (stats or {}).get("accuracy_by_hops", {}).get(hops)
+    return f"{_fmt(cell['acc'])} (n={cell['n']})" if cell else "–"
+
+
+def horizon_section(after: Mapping[str, Any], before: Mapping[str, Any] | None) -> str:
+    """The demo's held-out episodes over a long horizon (`asearch.metrics.horizon.horizon_stats` of
+    heldout_after.jsonl, and of heldout_before.jsonl when present): turn histogram, means per episode,
+    accuracy by hop count, compactions per episode."""
+    runs = [("before RL", before), ("after RL", after)] if before else [("after RL", after)]
+    names = [name for name, _ in runs]
+    hist = [[b, *(s["turn_histogram"].get(b, 0) for _, s in runs)] for b in after["turn_histogram"]]
+    means = [[label, *(s[key] for _, s in runs)] for label, key in PER_EPISODE_MEANS]
+    hops = sorted({h for _, s in runs for h in s["accuracy_by_hops"]}, key=int)
+    by_hops = [[h, *(_hop_cell(s, h) for _, s in runs)] for h in hops]
+    counts = sorted({n for _, s in runs for n in s["compaction_histogram"]}, key=int)
+    compactions = [[n, *(s["compaction_histogram"].get(n, 0) for _, s in runs)] for n in counts]
+    access = after["access_rate_correct"]
+    return (
+        f"<h4>Long horizon: {esc(after['episodes'])} held-out episodes</h4>"
+        f'<p class="muted">mean turns after RL {esc(_fmt(after["mean_turns"]))}; correct episodes that opened '
+        f"a page {esc('–' if access is None else _fmt(access))}</p>"
+        + _columns_table(["turns", *names], hist)
+        + "<h4>per episode (mean)</h4>"
+        + _columns_table(["", *names], means)
+        + "<h4>accuracy by hop count</h4>"
+        + _columns_table(["hops", *names], by_hops)
+        + "<h4>compactions per episode</h4>"
+        + _columns_table(["compactions", *(f"episodes {n}" for n in names)], compactions)
+    )
 
 
 _METRICS = (("em", "EM"), ("f1", "F1"), ("cem", "CEM"), ("judge", "judge"))

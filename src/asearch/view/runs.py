@@ -3,6 +3,7 @@
     train         metrics.jsonl (+ trajectories.jsonl, summary.json, config.yaml, checkpoints/)
     eval          results.jsonl (+ summary.json, config.json, errors.jsonl)
     demo          rl/ (a train run) + summary.json, curve.png, report.md
+                  (+ heldout_after.jsonl, heldout_before.jsonl, horizon.png: long-horizon episode rows)
     trajectories  a .json / .jsonl of Trajectory dicts (`asearch ask --json`), or a dir of trajectories.jsonl
     synth         .jsonl of synthesised questions (statements, edit_history, unique_verified) + filter_report.json
 
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from asearch.errors import AsearchError, DataFormatError
+from asearch.metrics.horizon import horizon_stats, read_episode_rows
 from asearch.view.follow import JsonlFollower, read_line_at
 from asearch.view.records import TrajectoryRow, row_of, split_record
 
@@ -45,7 +47,9 @@ SYNTH_KEYS = ("statements", "edit_history", "unique_verified", "qa_history")
 _SKIP_DIRS = {"checkpoints", "tb", "data", "__pycache__", "node_modules", ".git"}
 _SEARCH_DEPTH = 3
 _REDISCOVER_S = 2.0  # how often the paths are searched again for new runs
-_IMAGES = ("curve.png",)
+_IMAGES = ("curve.png", "horizon.png")
+# The demo's per-episode rows of the held-out questions (`asearch.eval.horizon.write_episode_rows`).
+HELDOUT_ROWS = {"before": "heldout_before.jsonl", "after": "heldout_after.jsonl"}
 
 
 def _mtime(path: Path) -> float | None:
@@ -72,16 +76,30 @@ class _CachedJson:
                 self.value = None
             else:
                 try:
-                    text = self.path.read_text(encoding="utf-8", errors="replace")
-                    self.value = json.loads(text) if self.parse else text
+                    self.value = self._load()
                 except json.JSONDecodeError as e:  # written atomically by us; a hand edit can still break it
                     self.value, self.problem = None, str(DataFormatError(self.path, e.lineno, None, e.msg))
+                except DataFormatError as e:
+                    self.value, self.problem = None, str(e)
+                except FileNotFoundError:  # removed between the stat and the read
+                    self.value = None
         return self.value
+
+    def _load(self) -> Any:
+        text = self.path.read_text(encoding="utf-8", errors="replace")
+        return json.loads(text) if self.parse else text
 
     @property
     def mtime(self) -> float | None:
         """The file's modification time now (None: absent)."""
         return _mtime(self.path)
+
+
+class _CachedRows(_CachedJson):
+    """A small jsonl file of episode rows, read whole again when its mtime changes."""
+
+    def _load(self) -> list[dict[str, Any]]:
+        return read_episode_rows(self.path)
 
 
 class _Indexed(Protocol):
@@ -538,6 +556,23 @@ class DemoRun(Run):
         super().__init__(run_id, path, name)
         self.summary = _CachedJson(path / "summary.json")
         self.report = _CachedJson(path / "report.md", parse=False)
+        self.heldout = {when: _CachedRows(path / name) for when, name in HELDOUT_ROWS.items()}
+
+    def horizon(self) -> dict[str, dict[str, Any] | None] | None:
+        """{"before": stats | None, "after": stats} (`horizon_stats`) of the held-out episode rows;
+        None when there are no rows after RL."""
+        stats = {when: rows.get() for when, rows in self.heldout.items()}
+        if not stats["after"]:
+            return None
+        return {when: horizon_stats(rows) if rows else None for when, rows in stats.items()}
+
+    def refresh(self) -> None:
+        for rows in self.heldout.values():
+            rows.get()
+
+    def bad_lines(self) -> tuple[int, list[str]]:
+        problems = [p for p in (c.problem for c in self.heldout.values()) if p]
+        return len(problems), problems
 
     def data_mtime(self) -> float | None:
         ms = [m for m in (_mtime(self.path / "rl" / "metrics.jsonl"), self.summary.mtime) if m is not None]

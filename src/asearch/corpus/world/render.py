@@ -24,6 +24,7 @@ class RenderedPage:
     text: str
     links: tuple[str, ...]
     statements: Mapping[str, str]
+    snippet: str | None = None  # what search shows and indexes, when not the whole text ("long" pages)
 
 
 @dataclass(slots=True)
@@ -65,14 +66,19 @@ def mention(entity: Entity) -> str:
     return f"the {entity.name}" if entity.type == "event" else entity.name
 
 
-PAGE_STYLES = ("prose", "facts")
+PAGE_STYLES = ("prose", "facts", "long")
 
 
 def render_pages(graph: KnowledgeGraph, seed: int, style: str = "prose") -> dict[str, RenderedPage]:
     """Every entity's page, keyed by entity id, in graph order. `style`: "prose" (templated encyclopedia
-    sentences) or "facts" (one `key value` field per fact, fixed wording and order; see `facts_page`)."""
+    sentences), "facts" (one `key value` field per fact, fixed wording and order; see `facts_page`) or
+    "long" (the facts among distractor fields, one per line, behind a snippet; see `long_page`)."""
     if style == "facts":
         return {e.id: facts_page(graph, e) for e in graph.entities()}
+    if style == "long":
+        rng = random.Random(f"asearch-world/{seed}/long")
+        names = [e.name for e in graph.entities()]
+        return {e.id: long_page(graph, e, rng, names) for e in graph.entities()}
     if style != "prose":
         raise ValueError(f"page style must be one of {PAGE_STYLES}, got {style!r}")
     renderer = _Renderer(graph, random.Random(f"asearch-world/{seed}/render"))
@@ -118,6 +124,28 @@ def facts_page(graph: KnowledgeGraph, entity: Entity) -> RenderedPage:
         fields.append(field_text)
         statements[key] = field_text
     return RenderedPage(entity.id, entity.name, f"{entity.name} : " + " ; ".join(fields) + " .", tuple(mentions), statements)
+
+
+# Keys of the "long" style's distractor fields: relations no question asks about, so only the asked key
+# tells the fact apart; their values are names of the world, so copying the wrong line is a real mistake.
+DISTRACTOR_KEYS = ("friend", "rival", "neighbour", "mentor", "critic", "patron", "guest", "biographer")
+LONG_PAGE_FIELDS = 16  # lines of a long page below its header: its own facts, then distractors up to this
+
+
+def long_page(graph: KnowledgeGraph, entity: Entity, rng: random.Random, names: Sequence[str]) -> RenderedPage:
+    """A page to read chunk by chunk: the header `Name : type`, then `LONG_PAGE_FIELDS` lines of
+    `key value`, the entity's own facts (as `facts_page` words them) shuffled among distractor fields.
+
+    Search shows and indexes only the header (`snippet`), so no search result states a fact: the agent
+    has to open the page and find the line whose key the question asks for."""
+    facts = facts_page(graph, entity)
+    own = list(facts.statements.values())
+    others = [n for n in names if n != entity.name]
+    distractors = [f"{rng.choice(DISTRACTOR_KEYS)} {rng.choice(others)}" for _ in range(LONG_PAGE_FIELDS - len(own))]
+    lines = own + distractors
+    rng.shuffle(lines)
+    header = f"{entity.name} : {entity.type}"
+    return RenderedPage(entity.id, entity.name, "\n".join([header, *lines]), facts.links, facts.statements, header)
 
 
 class _Renderer:

@@ -16,7 +16,8 @@ DEFAULT_ENTITIES = 2000
 
 
 class WorldCorpus:
-    """World `seed` with `n_entities` entities: pages at `https://world{seed}.example/wiki/<Slug>`.
+    """World `seed` with `n_entities` entities: pages at `https://world{seed}.example/wiki/<Slug>`
+    (`https://world.example/wiki/<Slug>` in every world with long pages).
 
     The world is generated on first use (~0.2 s per 1,000 entities) and is a pure function of
     (seed, n_entities, GENERATOR_VERSION), so `fingerprint()` needs no generation. `.example` is a
@@ -32,7 +33,9 @@ class WorldCorpus:
         # the spec `open_corpus` accepts
         self.name = f"world:seed={seed},entities={n_entities}" + ("" if names is None else f",names={names}")
         self.name += "" if pages == "prose" else f",pages={pages}"
-        self.base_url = f"https://world{seed}.example/wiki/"
+        # long pages are opened by url, which an agent copies from a result: one host in every world, so a
+        # held-out world changes the facts, not how a url is spelled
+        self.base_url = "https://world.example/wiki/" if pages == "long" else f"https://world{seed}.example/wiki/"
         check_world_size(seed, n_entities, names)  # fail now, not at first use
 
     @cached_property
@@ -79,7 +82,7 @@ class WorldCorpus:
         """One document per entity, in graph order (countries, cities, people, orgs, works, events)."""
         for p in self._pages.values():
             yield Document(
-                id=f"world{self.seed}:{p.entity_id}", title=p.title, text=p.text, url=self.url(p.entity_id)
+                id=f"world{self.seed}:{p.entity_id}", title=p.title, text=p.snippet or p.text, url=self.url(p.entity_id)
             )
 
     def pages(self) -> Iterator[Page]:
@@ -92,7 +95,7 @@ class WorldCorpus:
 
     def _page(self, p: RenderedPage) -> Page:
         contents = p.text
-        if p.links:
+        if p.links and p.snippet is None:  # a long page's lines already name what it links to
             lines = [f"- {self.graph.get(i).name}: {self.url(i)}" for i in p.links]
             contents += "\n\nLinks:\n" + "\n".join(lines)
         return Page(url=self.url(p.entity_id), title=p.title, contents=contents)
@@ -106,6 +109,7 @@ class WorldCorpus:
         key = f"asearch-world|v{GENERATOR_VERSION}|seed={self.seed}|entities={self.n_entities}"
         key += "" if self.names is None else f"|names={self.names}"  # unchanged for own-name worlds
         key += "" if self.page_style == "prose" else f"|pages={self.page_style}"
+        key += f"|urls={self.base_url}" if self.page_style == "long" else ""  # the url scheme is content too
         return f"{self.name}:v{GENERATOR_VERSION}:sha256:{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
     def content_digest(self) -> str:

@@ -1,0 +1,62 @@
+"""Named starting points of `asearch demo --preset NAME`: settings laid under the config file and overrides.
+
+`default` is today's demo (search-only, 1-3 hops, `make demo`). `long` trains the whole ASearcher behaviour
+on long pages (docs/demo.md, "The long-horizon preset"): search, open a page with `access`, read it chunk by
+chunk writing a `<summary>` of each, keep reading until the asked line is found, 1-6 hops (30+ turns),
+and old reading blocks are cut from the context once it is full, inside RL episodes too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asearch.agent.expert import READING_STYLE
+
+# A page of the long world is 17 lines (~330 characters): three or four chunks of 120 characters.
+_LONG_TOOLS = {
+    "search": {"topk": 3, "max_doc_chars": 400, "show_urls": True, "compact": True},
+    "access": {"chunk_chars": 120, "chunks_per_call": 1},
+}
+_LONG_CONTEXT = 1536  # a 6-hop episode needs ~1,900 tokens whole: compaction happens in 4+-hop episodes
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "long": {
+        "preset": "long",
+        "pages": "long",
+        "hops": [1, 2, 3, 4, 5, 6],
+        "train_questions": 300,
+        "rl_questions": 120,
+        "train_worlds": 40,
+        "expert_episodes": 9600,
+        "p_skip": 0.1,
+        "p_stop": 0.1,
+        "p_distract": 0.1,
+        "max_positions": 2048,
+        "attention": "sdpa",
+        "sft": {"steps": 1000, "batch_size": 16, "token_budget": 2048},
+        "rl": {
+            "tools": _LONG_TOOLS,
+            "agent": {
+                "style": "search-r1",
+                # a summary holds what matters, so a read chunk is cut to nothing once the context is full
+                "style_options": {**READING_STYLE, "compact_read_blocks": 0, "compact_when": "full", "read_max_new_tokens": 24},
+                "max_turns": 64, "max_new_tokens": 40, "max_context_tokens": _LONG_CONTEXT, "temperature": 0.7,
+            },  # fmt: skip
+            "engine": {"max_seq_len": _LONG_CONTEXT, "max_batch": 128},
+            "trainer": {"token_budget": 2048, "epochs": 1},
+            "rollout": {"batch_size": 8, "group_size": 8, "max_staleness": 2, "max_concurrent": 16},
+            "max_rl_seconds": 1200.0,
+            "heldout": {"every_s": 150.0},
+        },
+    },
+}
+
+
+def preset(name: str) -> dict[str, Any]:
+    """The settings of preset `name`; ConfigError naming the known presets otherwise."""
+    from asearch.errors import ConfigError
+
+    if name not in PRESETS:
+        raise ConfigError(f"unknown demo preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return PRESETS[name]
