@@ -23,7 +23,7 @@ from asearch.retrieval.base import PageStore
 from asearch.retrieval.protocol import lookup_page, normalize_url
 from asearch.tools.base import EpisodeContext, Observation, ToolArgumentError, ToolSources, argument_text
 from asearch.tools.registry import register_tool
-from asearch.tools.render import chunk_page, render_page_not_found
+from asearch.tools.render import chunk_page, render_page_not_found, render_page_read_to_end
 
 
 class AccessToolConfig(Config):
@@ -164,7 +164,7 @@ class AccessTool:
 
     def _read_to_end(self, url: str, page_count: int, start: float) -> Observation:
         """Paging past the last chunk: say so (the agent read the whole page already)."""
-        text = f"[{url} has no page {page_count + 1}: all {page_count} pages were shown]"
+        text = render_page_read_to_end(url, page_count)
         meta = {"tool": self.name, "url": url, "found": True, "chunks": [text], "first_chunk": page_count,
                 "page_count": page_count, "latency_s": round(time.perf_counter() - start, 6)}  # fmt: skip
         return Observation(text=text, metadata=meta)

@@ -98,3 +98,8 @@ def _spans(contents: str, chunk_chars: int, at_lines: bool) -> list[tuple[int, i
 
 def render_page_not_found(url: str) -> str:
     return f"The page {url} is not in the corpus; access can only open urls that search returned."
+
+
+def render_page_read_to_end(url: str, page_count: int) -> str:
+    """Paging (`access.chunks_per_call`) past a page's last chunk."""
+    return f"[{url} has no page {page_count + 1}: all {page_count} pages were shown]"
