@@ -1,4 +1,4 @@
-"""File primitives every output path uses: atomic writes, durable jsonl appends, numbered jsonl reads."""
+"""File primitives every path uses: atomic writes, durable jsonl appends, numbered jsonl and UTF-8 text reads."""
 
 from __future__ import annotations
 
@@ -163,20 +163,45 @@ def _line_start(f: IO[bytes], end: int, block: int = 1 << 16) -> int:
 def iter_jsonl(path: str | Path, *, tolerate_torn_tail: bool = False) -> Iterator[tuple[int, dict[str, Any]]]:
     """Stream (line_number, object) for each non-blank line in constant memory.
 
-    A bad line raises DataFormatError naming file and line. With `tolerate_torn_tail`, an
-    unparseable final line without its newline (a write cut by a kill) is skipped instead.
+    Lines are UTF-8 (a byte-order mark before the first is dropped). A bad line, undecodable or not a JSON
+    object, raises DataFormatError naming file and line. With `tolerate_torn_tail`, a bad final line
+    without its newline (a write cut by a kill, maybe inside a character) is skipped instead.
     """
     path = Path(path)
     with open(path, "rb") as f:
+        end = 0  # byte offset of the end of the line read so far: names where an undecodable byte sits
         for i, raw in enumerate(f, start=1):
+            start, end = end, end + len(raw)
             if not raw.strip():
                 continue
             try:
-                obj = json.loads(raw)
-            except json.JSONDecodeError as e:
+                text = raw.decode("utf-8")
+                obj = json.loads(text.removeprefix("\ufeff") if i == 1 else text)
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
                 if tolerate_torn_tail and not raw.endswith(b"\n"):  # only the last line can lack it
                     return
+                if isinstance(e, UnicodeDecodeError):
+                    raise DataFormatError(path, i, None, not_utf8(raw[e.start], start + e.start)) from None
                 raise DataFormatError(path, i, None, f"not valid JSON ({e.msg} at column {e.colno})") from None
             if not isinstance(obj, dict):
                 raise DataFormatError(path, i, None, f"expected a JSON object, got {type(obj).__name__}")
             yield i, obj
+
+
+def not_utf8(byte: int, offset: int) -> str:
+    """The problem text for a byte that is not UTF-8: which byte, and where in the file."""
+    return f"not UTF-8 text (byte 0x{byte:02x} at byte {offset} of the file); save it as UTF-8"
+
+
+def read_utf8_text(path: str | Path) -> str:
+    """A whole text file decoded as UTF-8 (a leading byte-order mark dropped); a byte that is not UTF-8
+    raises DataFormatError naming the file, the line and the byte's offset."""
+    path = Path(path)
+    data = path.read_bytes()
+    body = data.removeprefix(b"\xef\xbb\xbf")
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        offset = len(data) - len(body) + e.start
+        line = data.count(b"\n", 0, offset) + 1
+        raise DataFormatError(path, line, None, not_utf8(data[offset], offset)) from None

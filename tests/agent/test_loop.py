@@ -237,3 +237,13 @@ def test_guided_style_closes_an_opened_answer_and_counts_it(world):
     )
     assert traj.answer == "Oslen, a city" and traj.counters["auto_closed"] == 1
     assert traj.turns[-1].output_text == "<answer>Oslen, a city</answer>"
+
+
+def test_turn_seeds_fit_a_servers_signed_int64_and_differ_per_turn() -> None:
+    """vLLM refuses a seed above 2**63 - 1 (HTTP 422): a 63-bit episode seed times the turn stride must fold."""
+    from asearch.agent.loop import turn_seed
+
+    big = 2**63 - 1
+    seeds = [turn_seed(big, t) for t in range(200)]
+    assert all(0 <= s < 2**63 for s in seeds) and len(set(seeds)) == 200
+    assert turn_seed(7, 3) == 7 * 1_000_003 + 3  # small seeds are unchanged

@@ -385,7 +385,7 @@ def test_trainer_step_reaches_the_server(server, models, tmp_path) -> None:
             r.output_logprobs, ref_logprobs(old, PROMPT, r.output_ids), atol=ATOL, rtol=0
         )
     # on-policy samples: the behaviour weights are 1, nothing capped, and the step moved the policy
-    assert stats["loss/behav_capped_frac"] == 0.0 and stats["perf/grad_norm"] > 0
+    assert stats["loss/masked_frac"] == 0.0 and stats["perf/grad_norm"] > 0
     assert after.output_versions == [2] * 32
     new_ref = ref_logprobs(policy, PROMPT, after.output_ids)
     torch.testing.assert_close(after.output_logprobs, new_ref, atol=ATOL, rtol=0)

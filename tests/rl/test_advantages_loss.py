@@ -44,7 +44,7 @@ def test_decoupled_loss_by_hand():
     # token 1: w = 1.2, u = 1 -> -1 -> weighted -1.2
     # token 2: w = 6 > cap -> masked; token 3: prompt -> masked. Denominator: 3 generated tokens.
     assert loss.item() == pytest.approx(-(1.2 - 1.2) / 3, abs=1e-6)
-    assert stats["loss/behav_capped_frac"] == pytest.approx(1 / 3)
+    assert stats["loss/masked_frac"] == pytest.approx(1 / 3)
     loss.backward()
     # token 0 is clipped (no gradient); token 1's gradient: d/dlogp of -(w * u * A)/3 = -(1.2 * 1 * -1)/3
     assert cur.grad.tolist() == pytest.approx([0.0, 0.4, 0.0, 0.0], abs=1e-6)

@@ -88,7 +88,7 @@ def test_update_raises_logprob_of_positive_advantage_tokens(model_and_samples):
     for _ in range(5):
         stats = trainer.train_step(samples, policy_version=0)
     assert total(+1) > pos0 and total(-1) < neg0
-    assert stats["loss/behav_capped_frac"] == 0.0 and stats["perf/grad_norm"] > 0
+    assert stats["loss/masked_frac"] == 0.0 and stats["perf/grad_norm"] > 0
 
 
 def test_loglinear_prox_equals_recompute_on_policy(model_and_samples):

@@ -29,7 +29,7 @@ class FakeWorkflow:
         self.engine, self.events, self.k = engine, events, 0
         self.rejected: Counter[str] = Counter()
 
-    async def arun_episode(self, engine, item):
+    async def arun_episode(self, engine, item, *, seed=None):
         assert engine is self.engine  # the loop hands its engine to the workflow
         await asyncio.sleep(0)
         self.k += 1

@@ -23,6 +23,15 @@ from asearch.corpus.types import Document, Page
 from asearch.engine.scripted import ScriptedEngine
 from asearch.eval.datasets import QARecord
 from asearch.eval.runner import evaluate
+from asearch.metrics.offpolicy import (
+    MASKED_FRAC,
+    MASKED_FRAC_BY_STALENESS,
+    RATIO_HIST,
+    RATIO_LABELS,
+    VERSIONS_BEHIND_HIST,
+    VERSIONS_BEHIND_LABELS,
+    versions_behind_bin,
+)
 from asearch.metrics.reward import RewardConfig, compute_reward
 from asearch.models.tiny import train_bpe_tokenizer
 from asearch.retrieval.index import IndexConfig, build_index, open_index
@@ -146,12 +155,32 @@ def make_train_run(world: World, path: Path, steps: int = 6) -> RunDir:
             "perf/rl_wall_s": run.wall_s,
             "loss/policy": 0.1 / step,
         }
+        metrics.update(_staleness_lab(trajs, policy_version=step - 1))
         if step % 3 == 0:
             metrics["eval/heldout_acc"] = 0.25 + 0.1 * step / 3
         run.log(step, metrics)
         for t in trajs:
             run.log_trajectory({"step": step, "group": step, **t.to_dict()})
     return run
+
+
+def _staleness_lab(trajs, policy_version: int) -> dict[str, float]:
+    """The staleness lab's keys as the trainer writes them (`asearch.rl.trainer.staleness_lab_stats`): tokens
+    by versions behind from the trajectories; every importance ratio in the middle bin but a tenth of the
+    stale ones, which the correction masked."""
+    behind = [0.0] * len(VERSIONS_BEHIND_LABELS)
+    for t in trajs:
+        for seg in t.segments:
+            for v, m in zip(seg.versions, seg.loss_mask, strict=True):
+                behind[versions_behind_bin(policy_version - v)] += m
+    masked = [0.1 * n if b else 0.0 for b, n in enumerate(behind)]
+    ratio = dict.fromkeys(RATIO_LABELS, 0.0) | {"0.8-1.25": sum(behind) - sum(masked), "5-10": sum(masked)}
+    return {
+        **{f"{VERSIONS_BEHIND_HIST}{b}": n for b, n in zip(VERSIONS_BEHIND_LABELS, behind, strict=True)},
+        **{f"{RATIO_HIST}{b}": n for b, n in ratio.items()},
+        **{f"{MASKED_FRAC_BY_STALENESS}{b}": m / n for b, m, n in zip(VERSIONS_BEHIND_LABELS, masked, behind, strict=True) if n},
+        MASKED_FRAC: sum(masked) / sum(behind),
+    }
 
 
 def make_eval_run(world: World, path: Path) -> None:

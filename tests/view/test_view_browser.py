@@ -71,6 +71,16 @@ def test_viewer_in_headless_chromium(runs_root, tmp_path):
         assert xs == sorted(xs) and xs[0] < xs[-1]  # drawn left to right over the steps
         assert "eval-mini" in driver.find_element(By.ID, "evaluation").text
 
+        # the staleness section: each histogram is one stacked band per bin, shares of every step's tokens
+        behind = 'figure.chart[data-title="Tokens by versions behind"] path.band'
+        bands = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, behind))
+        assert driver.find_element(By.ID, "staleness").is_displayed()
+        assert [b.get_attribute("data-bin") for b in bands] == ["0", "1", "2", "3", "4+"]
+        ratio = driver.find_elements(By.CSS_SELECTOR, 'figure.chart[data-title^="Importance ratio"] path.band')
+        assert len(ratio) == 9
+        masked = driver.find_elements(By.CSS_SELECTOR, 'figure.chart[data-title="Masked by the correction"] path.series')
+        assert {p.get_attribute("data-key") for p in masked} >= {"is/masked_frac", "staleness/masked_frac/1"}
+
         # live: a row appended by the trainer shows up without a reload
         RunDir(rl, tensorboard=False).log(7, {"rollout/reward_mean": 0.5, "rollout/accuracy": 0.5})
         wait.until(lambda d: d.find_element(By.CSS_SELECTOR, reward).get_attribute("data-points") == "7")
@@ -132,6 +142,8 @@ def test_viewer_on_a_real_train_run(tiny_world_model_dir, train_command, subproc
         driver.get(url + "/")
         path = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, reward))
         assert int(path.get_attribute("data-points")) == 4
+        bands = driver.find_elements(By.CSS_SELECTOR, 'figure.chart[data-title="Tokens by versions behind"] path.band')
+        assert len(bands) == 5 and driver.find_element(By.ID, "staleness").is_displayed()  # what the trainer logged
         driver.get(url + "/trajectories?run=train-tiny")
         driver.find_element(By.CSS_SELECTOR, "a.traj-link").click()
         article = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#detail article.trajectory"))

@@ -108,6 +108,11 @@ class _TurnPlan:
     stop: list[str]
 
 
+def turn_seed(episode_seed: int, turn: int) -> int:
+    """The sampling seed of one turn: distinct per turn, and within 63 bits (servers take a signed int64)."""
+    return (episode_seed * 1_000_003 + turn) % 2**63
+
+
 class _Episode:
     """One episode in progress: the trajectory being recorded, its token context, the result blocks
     waiting for a reading turn, and the tools' state for this episode (`EpisodeContext`)."""
@@ -214,7 +219,7 @@ class _Episode:
             max_new_tokens=budget,
             stop=plan.stop,
             stop_token_ids=self.stop_ids,
-            seed=None if self.seed is None else self.seed * 1_000_003 + traj.num_turns,
+            seed=None if self.seed is None else turn_seed(self.seed, traj.num_turns),
         )
         t0 = time.perf_counter()
         resp = await self.engine.generate(
@@ -273,6 +278,8 @@ class _Episode:
             turn.tool_latency_s = time.perf_counter() - t1
             turn.tool_error = obs.error
             obs_text, blocks = obs.text, obs.metadata.get("chunks")
+            if obs.metadata.get("fault") == "infrastructure":  # not the model's doing: the episode gets masked
+                self.traj.count_infra_fault(obs.metadata["error"])
         if turn.tool_error:
             self.traj.count("tool_errors")
         turn.observation = obs_text

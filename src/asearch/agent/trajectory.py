@@ -77,6 +77,8 @@ class Trajectory:
     answer: str | None = None
     finish: FinishReason = "error"
     counters: dict[str, int] = field(default_factory=dict)
+    # tool calls the infrastructure failed, by kind (timeout, remote, garbage: tools.INFRASTRUCTURE_ERRORS)
+    infra_faults: dict[str, int] = field(default_factory=dict)
     reward: float | None = None  # what RL trains on (`metrics.reward.compute_reward`); None: not scored
     score: float | None = None  # the answer metric behind it (EM/F1/CEM), kept even when the format gate fails
     reward_reason: str | None = None  # "ok", "no answer (...)" or "format: turn k (...): ..."
@@ -85,6 +87,17 @@ class Trajectory:
 
     def count(self, key: str, n: int = 1) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
+
+    def count_infra_fault(self, kind: str) -> None:
+        self.infra_faults[kind] = self.infra_faults.get(kind, 0) + 1
+
+    @property
+    def met_infra_fault(self) -> bool:
+        """The masking rule: an episode that met any infrastructure fault is left out of the training loss
+        and of accuracy (reported apart), whatever its reward. The rule never looks at the reward, so it
+        favours neither right nor wrong answers; like a real outage, it drops episodes that make many tool
+        calls more often than short ones (docs/rl.md)."""
+        return bool(self.infra_faults)
 
     @property
     def num_turns(self) -> int:

@@ -29,11 +29,13 @@ __all__ = ["EpisodeItem", "RolloutWorkflow", "SearchAgentWorkflow", "ToolChooser
 
 
 class RolloutWorkflow(Protocol):
-    """One episode on one item with the engine it is handed; None rejects it, counted in `rejected`."""
+    """One episode on one item with the engine it is handed; None rejects it, counted in `rejected`. `seed`
+    fixes the episode's sampling (None: the engine's own stream), so a training run samples the same tokens
+    whatever order its requests reach the engine in."""
 
     rejected: Mapping[str, int]  # rejected episodes by cause, since the workflow was made
 
-    async def arun_episode(self, engine: Engine, item: Any) -> Trajectory | None: ...
+    async def arun_episode(self, engine: Engine, item: Any, *, seed: int | None = None) -> Trajectory | None: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,15 +8,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from asearch.cli.console import console, progress
+from asearch.cli.console import console, from_options, progress
 from asearch.corpus import CORPUS_SPEC_HELP, ChunkConfig, ChunkStats, iter_passages, open_corpus, write_jsonl
 from asearch.corpus.types import CorpusSource, Page
-from asearch.errors import AsearchError, ConfigError
+from asearch.errors import AsearchError
 
 app = typer.Typer(help="Inspect, export and browse corpora.", no_args_is_help=True)
 
@@ -29,16 +28,7 @@ OverlapOpt = Annotated[int, typer.Option("--overlap", help="Words repeated from 
 
 
 def _chunk_config(words: int, overlap: int) -> ChunkConfig:
-    try:
-        return ChunkConfig(words=words, overlap=overlap)
-    except ValidationError as e:
-        problems = [
-            f"--{err['loc'][0]}: {err['msg']} (got {err['input']!r})"
-            if err["loc"]
-            else err["msg"].removeprefix("Value error, ")
-            for err in e.errors()
-        ]
-        raise ConfigError(f"chunking: {'; '.join(problems)}") from None
+    return from_options(ChunkConfig, {"words": words, "overlap": overlap})
 
 
 def _counted(items: Iterable[T], description: str, total: int | None) -> Iterator[T]:

@@ -1,4 +1,5 @@
-"""`asearch engine serve MODEL`: the in-process engine as an SGLang-protocol server (generation in its own process)."""
+"""`asearch engine serve MODEL`: the in-process engine as a server (generation in its own process) that speaks
+SGLang's native protocol (a trainer's rollouts) and OpenAI's API (judges, synthesis, any OpenAI client)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def serve(
     host: Annotated[
         str, typer.Option(help="Bind address; non-loopback exposes unauthenticated weight updates.")
     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port (0 picks a free one).")] = 30000,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port (0 picks a free one).")] = 30000,
     threads: Annotated[
         int, typer.Option(min=1, help="torch threads of the decode thread (1 on a shared box).")
     ] = 1,
@@ -51,6 +52,13 @@ def serve(
     weight_version: Annotated[
         str, typer.Option(help="Label of the initial weights (meta_info.weight_version).")
     ] = "default",
+    served_model_name: Annotated[
+        str | None,
+        typer.Option(
+            help="The model name OpenAI requests use (/v1/models lists it; another name answers 404). "
+            "Default: MODEL as given."
+        ),
+    ] = None,
     exit_with_parent: Annotated[
         bool,
         typer.Option(
@@ -59,9 +67,11 @@ def serve(
         ),
     ] = False,
 ) -> None:
-    """Serve MODEL with the in-process engine behind SGLang's native API (/generate, /update_weights_from_disk, ...).
+    """Serve MODEL with the in-process engine behind SGLang's native API (/generate, /update_weights_from_disk,
+    ...) and OpenAI's (/v1/chat/completions, /v1/completions, /v1/models).
 
-    Talk to it with `asearch.engine.sglang.SGLangEngine(url)`; see docs/engines-remote.md.
+    Talk to it with `asearch.engine.sglang.SGLangEngine(url)`, or any OpenAI client at URL/v1; see
+    docs/engines-remote.md.
     """
     import os
 
@@ -84,7 +94,9 @@ def serve(
         seed=seed,
     )
     with console.status(f"loading {escape(model)}"):
-        server = build_server(model, cfg=cfg, weight_version=weight_version)
+        server = build_server(
+            model, cfg=cfg, weight_version=weight_version, served_model_name=served_model_name
+        )
     if not is_loopback(host):
         console.print(
             Panel(
@@ -99,6 +111,10 @@ def serve(
     console.print(
         f"[bold green]asearch engine server[/bold green] (SGLang protocol) at [bold]{escape(url)}[/bold]: "
         f"{escape(model)}, {threads} thread(s), max_batch {max_batch}, weight_version {escape(weight_version)}",
+        soft_wrap=True,
+    )
+    console.print(
+        f"OpenAI API at [bold]{escape(url)}/v1[/bold] as model [bold]{escape(server.served_model_name)}[/bold]",
         soft_wrap=True,
     )
     if exit_with_parent:

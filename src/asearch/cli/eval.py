@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from asearch.cli.console import ConfigOption, OverridesArg, console
+from asearch.errors import ConfigError
 
 app = typer.Typer(
     help="Evaluate the agent on QA datasets (resumable; rerun the same command to continue).",
@@ -122,6 +123,9 @@ def eval_command(
     ] = None,
     judge_model: Annotated[str | None, typer.Option("--judge-model", help="Judge model name.")] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
+    allow_empty: Annotated[
+        bool, typer.Option("--allow-empty", help="Accept a dataset file without questions (runs nothing).")
+    ] = False,
     config: ConfigOption = None,
     overrides: OverridesArg = None,
 ) -> None:
@@ -135,7 +139,7 @@ def eval_command(
     from asearch.eval.config import build_judge, default_out_dir
     from asearch.eval.runner import aggregate_only, parse_shard
 
-    seed_list = [int(s) for s in seeds.split(",")] if seeds else None
+    seed_list = _parse_seeds(seeds) if seeds else None
     flags = _flag_overrides(
         datasets=dataset or None,
         k=len(seed_list) if seed_list else k,
@@ -165,7 +169,7 @@ def eval_command(
         console.print(f"[dim]{escape(note)}[/dim]")
     e = cfg.eval
     run_dir = e.out or default_out_dir(e.datasets)
-    records = _load_records(e)
+    records = _load_records(e, allow_empty=allow_empty)
     console.print(
         f"[bold]eval[/bold] {len(records)} questions from {', '.join(map(escape, e.datasets))}; k={e.k}, "
         f"shard {e.shard}, concurrency {e.concurrency} -> {escape(str(run_dir))}"
@@ -219,12 +223,23 @@ def eval_command(
         raise typer.Exit(1)
 
 
-def _load_records(e: Any) -> list[Any]:
+def _parse_seeds(seeds: str) -> list[int]:
+    """`--seeds 0,1,2` -> [0, 1, 2]; anything else is a ConfigError naming the option and the bad item."""
+    out = []
+    for item in seeds.split(","):
+        try:
+            out.append(int(item))
+        except ValueError:
+            raise ConfigError(f"--seeds: expected comma-separated integers, got {item!r} in {seeds!r}") from None
+    return out
+
+
+def _load_records(e: Any, *, allow_empty: bool) -> list[Any]:
     from asearch.eval.datasets import load_dataset
 
     records = []
     for spec in e.datasets:
-        records += load_dataset(spec, split=e.split, data_dir=e.data_dir, limit=e.limit)
+        records += load_dataset(spec, split=e.split, data_dir=e.data_dir, limit=e.limit, allow_empty=allow_empty)
     return records
 
 
@@ -283,24 +298,37 @@ def data_list(
     stdout.print(table)
 
 
+PREVIEW_CHARS = 300  # of each field `asearch data show` prints: a 50 MB question must not take minutes
+
+
+def preview(text: str, limit: int = PREVIEW_CHARS) -> str:
+    """`text` cut to its first `limit` characters, saying how many more there are."""
+    return text if len(text) <= limit else f"{text[:limit]}… (+{len(text) - limit:,} chars)"
+
+
 @data_app.command("show")
 def data_show(
     spec: Annotated[str, typer.Argument(help="A dataset name, file, dir or built-in spec.")],
-    n: Annotated[int, typer.Option("-n", help="How many questions to print.")] = 3,
+    n: Annotated[int, typer.Option("-n", min=0, help="How many questions to print.")] = 3,
     split: Annotated[str, typer.Option("--split")] = "test",
     data_dir: Annotated[Path, typer.Option("--data-dir")] = Path("data"),
-    as_json: Annotated[bool, typer.Option("--json", help="Print asearch jsonl lines.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print asearch jsonl lines, whole (the table cuts long fields).")
+    ] = False,
+    allow_empty: Annotated[
+        bool, typer.Option("--allow-empty", help="Report a file without questions instead of failing.")
+    ] = False,
 ) -> None:
-    """Count a dataset's questions and print the first few (validates the whole file)."""
-    from asearch.eval.datasets import load_dataset
+    """Count a dataset's questions and print the first few (validates the whole file; long fields are cut)."""
+    from asearch.eval.datasets import dataset_name_for, is_builtin, load_dataset
 
-    records = load_dataset(spec, split=split, data_dir=data_dir)
+    records = load_dataset(spec, split=split, data_dir=data_dir, allow_empty=allow_empty)
     if as_json:
         for r in records[:n]:
             print(json.dumps(r.to_jsonl_dict(), ensure_ascii=False))
         return
-    console.print(f"[bold]{escape(records[0].dataset)}[/bold]: {len(records)} questions")
+    name = records[0].dataset if records else spec if is_builtin(spec) else dataset_name_for(Path(spec))
+    console.print(f"[bold]{escape(name)}[/bold]: {len(records)} questions")
     for r in records[:n]:
-        stdout.print(
-            f"[bold]{escape(r.id)}[/bold] {escape(r.question)}\n  golds: {escape(' | '.join(r.golds))}"
-        )
+        golds = preview(" | ".join(r.golds))
+        stdout.print(f"[bold]{escape(preview(r.id))}[/bold] {escape(preview(r.question))}\n  golds: {escape(golds)}")

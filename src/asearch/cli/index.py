@@ -31,6 +31,9 @@ def build(
         typer.Option("--dense-model", help="sentence-transformers name or path (implies --dense)."),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing index at --out.")] = False,
+    allow_empty: Annotated[
+        bool, typer.Option("--allow-empty", help="Build an index of a corpus without passages (else an error).")
+    ] = False,
     config: ConfigOption = None,
     overrides: OverridesArg = None,
 ) -> None:
@@ -45,7 +48,7 @@ def build(
         cfg.dense = DenseConfig()
     if dense_model and cfg.dense is not None:
         cfg.dense.model = dense_model
-    source = open_corpus(corpus)
+    source = open_corpus(corpus, allow_empty=allow_empty)
     command = (
         shlex.join(["asearch", "index", *sys.argv[sys.argv.index("build") :]])
         if "build" in sys.argv
@@ -59,7 +62,9 @@ def build(
         f"[bold]dense[/bold] {escape(dense_desc)}"
     )
     t0 = time.perf_counter()
-    path = build_index(source, out, cfg, progress=True, overwrite=force, build_command=command)
+    path = build_index(
+        source, out, cfg, progress=True, overwrite=force, build_command=command, allow_empty=allow_empty
+    )
     seconds = time.perf_counter() - t0
     m = read_manifest(path)
     c = m["counts"]

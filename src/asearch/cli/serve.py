@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.panel import Panel
 
-from asearch.cli.console import ConfigOption, OverridesArg, console
+from asearch.cli.console import ConfigOption, OverridesArg, console, from_options
 from asearch.config import load_config
 
 
@@ -33,7 +33,7 @@ def serve(
     base = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     cfg = load_config(ServerConfig, config, overrides or [])
     if base:  # explicit --host/--port win over the file and the overrides
-        cfg = ServerConfig.model_validate({**cfg.model_dump(), **base})
+        cfg = from_options(ServerConfig, base, over=cfg)
     if cfg.port == 0:  # pick the port now so the url printed below is the one that will answer
         cfg = ServerConfig.model_validate({**cfg.model_dump(), "port": free_port(cfg.host)})
     with console.status(f"opening index {escape(str(index))} ({method})"):

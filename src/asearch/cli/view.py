@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
-from asearch.cli.console import console
+from asearch.cli.console import console, from_options
 from asearch.errors import AsearchError
 
 
@@ -40,7 +40,7 @@ def view(
     from asearch.net import free_port, is_loopback
     from asearch.view import ViewConfig, create_app
 
-    cfg = ViewConfig(host=host, port=port, poll_s=poll_s)
+    cfg = from_options(ViewConfig, {"host": host, "port": port, "poll_s": poll_s})
     if not is_loopback(cfg.host):
         console.print(
             Panel(

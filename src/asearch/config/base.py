@@ -15,7 +15,8 @@ from typing import Any, ClassVar, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from asearch.errors import ConfigError
+from asearch.errors import ConfigError, DataFormatError
+from asearch.files import read_utf8_text
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -41,9 +42,17 @@ def load_yaml(path: str | Path) -> tuple[dict[str, Any], dict[str, int]]:
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{path}: config file not found")
-    text = path.read_text()
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory, not a config file")
+    try:
+        text = read_utf8_text(path)
+    except DataFormatError as e:  # a binary file, or text in another encoding
+        raise ConfigError(str(e)) from None
     try:
         node = yaml.compose(text, Loader=_LineLoader)
+    except yaml.reader.ReaderError as e:  # a character YAML refuses (NUL, other control characters)
+        where = f"{path}:{text.count(chr(10), 0, e.position) + 1}"
+        raise ConfigError(f"{where}: invalid YAML: {e.reason} (character U+{e.character:04X})") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)

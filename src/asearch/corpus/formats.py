@@ -209,6 +209,20 @@ def read_pages(path: str | Path) -> Iterator[Page]:
         yield Page(url=url, title=title, contents="\n".join(parts))
 
 
+def document_lines(path: str | Path, doc_id: str, limit: int = 2) -> list[int]:
+    """The lines of a jsonl corpus whose document id is `doc_id`, the first `limit` of them: where a
+    duplicate id is. A second pass over the file, made only to name both lines in an error."""
+    path = Path(path)
+    name = corpus_name_for(path)
+    found: list[int] = []
+    for line, obj in iter_jsonl(path):
+        if parse_document(obj, path, line, name).id == doc_id:
+            found.append(line)
+            if len(found) == limit:
+                break
+    return found
+
+
 # --------------------------------------------------------------------------- writing
 
 

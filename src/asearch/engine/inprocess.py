@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import os
 import queue
 import random
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -97,6 +98,7 @@ class _Row:
     out_ids: list[int] = field(default_factory=list)
     out_logprobs: list[float] = field(default_factory=list)
     out_versions: list[int] = field(default_factory=list)
+    on_token: Callable[[int, float], None] | None = None  # called on `loop` with each sampled (id, log-prob)
 
 
 @dataclass(slots=True)
@@ -193,12 +195,19 @@ class InProcessEngine:
     def version(self) -> int:
         return self._version
 
-    async def generate(self, request: GenerateRequest) -> GenerateResponse:
-        """Decode one request; cancelling the awaiting task aborts it and frees its slot."""
+    async def generate(
+        self, request: GenerateRequest, *, on_token: Callable[[int, float], None] | None = None
+    ) -> GenerateResponse:
+        """Decode one request; cancelling the awaiting task aborts it and frees its slot.
+
+        `on_token(id, logprob)` runs on the caller's event loop for each token as it is sampled, before the
+        response is delivered (a streaming server sends text as it comes).
+        """
         if self._closed:
             raise RuntimeError("engine is closed")
         loop = asyncio.get_running_loop()
         row = self._make_row(request, loop)
+        row.on_token = on_token
         if row.prompt_len >= self.max_seq_len or row.max_new == 0:
             if row.prompt_len >= self.max_seq_len:
                 self._stats.prompts_too_long += 1
@@ -374,6 +383,14 @@ class InProcessEngine:
             loop.call_soon_threadsafe(deliver)
         except RuntimeError:  # the loop was closed: nobody is waiting any more
             pass
+
+    @staticmethod
+    def _notify(
+        loop: asyncio.AbstractEventLoop, on_token: Callable[[int, float], None], tok: int, lp: float
+    ) -> None:
+        # Same FIFO as `_post`: every token reaches the caller before the response that ends the request.
+        with contextlib.suppress(RuntimeError):  # the loop was closed: nobody is listening any more
+            loop.call_soon_threadsafe(on_token, tok, lp)
 
     def _run(self) -> None:
         import torch
@@ -563,6 +580,8 @@ class InProcessEngine:
             row.out_ids.append(tok)
             row.out_logprobs.append(lp)
             row.out_versions.append(version)
+            if row.on_token is not None:
+                self._notify(row.loop, row.on_token, tok, lp)
             reason = self._stop_reason(row, tok)
             if reason is not None:
                 finished.append((i, reason))

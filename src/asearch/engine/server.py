@@ -1,4 +1,5 @@
-"""An inference server for `InProcessEngine` that speaks SGLang's native protocol (the subset RL needs).
+"""An inference server for `InProcessEngine` that speaks SGLang's native protocol (the subset RL needs)
+and OpenAI's API (`asearch.engine.openai_api`).
 
 `asearch engine serve MODEL` (or `launch_engine_server`) runs the in-process engine in its own process
 behind the endpoints `asearch.engine.sglang.SGLangEngine` uses, so a trainer talks to it exactly as it
@@ -10,11 +11,13 @@ weights travel through disk (`/update_weights_from_disk`).
     POST /continue_generation
     POST /update_weights_from_disk  {model_path, weight_version?, abort_all_requests?}
     POST /flush_cache  GET /health  GET /get_model_info  GET /get_server_info
+    POST /v1/chat/completions  POST /v1/completions  GET /v1/models   (OpenAI's API, see openai_api)
 
 Versions stay exact: no response ever spans two weight versions. An update first empties the engine
 (running requests are aborted and return the tokens they have, or finish, see `update_weights_from_disk`)
 and holds new requests until the new weights are loaded, so every token of a response was sampled under
 the `meta_info.weight_version` it reports. The client resends aborted requests with their tokens so far.
+Both protocols go through `EngineServer.run`: the same gate, prefix index and engine batch.
 """
 
 from __future__ import annotations
@@ -26,12 +29,13 @@ import os
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from asearch.engine.openai_api import APIError, json_body, mount_openai_api
 from asearch.engine.supervisor import ServerSupervisor, SupervisorConfig
 from asearch.engine.types import GenerateRequest, GenerateResponse, SamplingParams
 
@@ -112,8 +116,8 @@ class PrefixIndex:
         self._lengths.clear()
 
 
-class BadRequest(ValueError):
-    """A request the server refuses with HTTP 400."""
+class BadRequest(APIError, ValueError):
+    """A request the server refuses with HTTP 400 (in OpenAI's error shape, on every route)."""
 
 
 class EngineServer:
@@ -126,9 +130,11 @@ class EngineServer:
         model_path: str = "",
         weight_version: str = "default",
         eos_token_ids: Sequence[int] = (),
+        served_model_name: str | None = None,
     ):
         self.engine = engine
         self.model_path = model_path
+        self.served_model_name = served_model_name or model_path  # the `model` of OpenAI requests
         self.weight_version = weight_version
         self.eos_token_ids = [int(t) for t in eos_token_ids]
         self.paused: str | None = None  # None or the /pause_generation mode
@@ -180,6 +186,21 @@ class EngineServer:
         rid = rid or f"req-{self._new_id()}"
         if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
             raise BadRequest("input_ids must be a list of integers")
+        t0 = time.perf_counter()
+        resp, label = await self.run(ids, sampling, rid=rid)
+        return self._answer(rid, resp, sampling, no_stop_trim, label, body, time.perf_counter() - t0)
+
+    async def run(
+        self,
+        ids: list[int],
+        sampling: SamplingParams,
+        *,
+        rid: str = "",
+        on_token: Callable[[int, float], None] | None = None,
+    ) -> tuple[GenerateResponse, str]:
+        """Generate through the pause/update gate: (the engine's response, the weight-version label of all
+        its tokens). Prefixes of finished requests are reused; `on_token` is passed to the engine (it must
+        stream, as `InProcessEngine` does). A prompt the engine refuses raises `BadRequest`."""
         self.counts["requests"] += 1
         while not self._gate.is_set():  # paused or updating: wait, like SGLang's is_pause_cond
             await self._gate.wait()
@@ -192,11 +213,12 @@ class EngineServer:
         self._live.add(key)
         self._inflight += 1
         self._idle.clear()
-        t0 = time.perf_counter()
+        request = GenerateRequest(input_ids=ids, sampling=sampling, trajectory_id=key)
         try:
-            resp = await self.engine.generate(
-                GenerateRequest(input_ids=ids, sampling=sampling, trajectory_id=key)
-            )
+            if on_token is None:
+                resp = await self.engine.generate(request)
+            else:
+                resp = await self.engine.generate(request, on_token=on_token)
         except ValueError as e:
             raise BadRequest(str(e)) from e
         finally:
@@ -208,7 +230,7 @@ class EngineServer:
             self.prefix.store(key, [*ids, *resp.output_ids][:-1])
         if len(set(resp.output_versions)) > 1:  # cannot happen: updates empty the engine first
             log.error("request %s spans weight versions %s", rid, sorted(set(resp.output_versions)))
-        return self._answer(rid, resp, sampling, no_stop_trim, label, body, time.perf_counter() - t0)
+        return resp, label
 
     def _sampling(self, sp: Mapping[str, Any]) -> tuple[SamplingParams, bool]:
         try:
@@ -345,6 +367,7 @@ class EngineServer:
     def model_info(self) -> dict[str, Any]:
         return {
             "model_path": self.model_path,
+            "served_model_name": self.served_model_name,
             "tokenizer_path": self.model_path,
             "is_generation": True,
             "preferred_sampling_params": None,
@@ -374,29 +397,22 @@ def create_app(server: EngineServer) -> FastAPI:
         yield
         await server.engine.close()
 
-    app = FastAPI(title="asearch engine server (SGLang protocol)", lifespan=lifespan)
+    app = FastAPI(title="asearch engine server (SGLang protocol, OpenAI API)", lifespan=lifespan)
     app.state.server = server
 
-    async def body_of(request: Request) -> dict[str, Any]:
-        raw = await request.body()
-        if not raw:
-            return {}
-        data = await request.json()
-        if not isinstance(data, dict):
-            raise BadRequest("the request body must be a JSON object")
-        return data
+    @app.exception_handler(APIError)
+    async def _bad(_request: Request, err: APIError) -> JSONResponse:
+        return JSONResponse(err.body(), status_code=err.status_code)
 
-    @app.exception_handler(BadRequest)
-    async def _bad(_request: Request, err: BadRequest) -> JSONResponse:
-        return JSONResponse({"error": {"message": str(err)}}, status_code=400)
+    mount_openai_api(app, server)
 
     @app.post("/generate")
     async def generate(request: Request) -> JSONResponse:
-        return JSONResponse(await server.generate(await body_of(request)))
+        return JSONResponse(await server.generate(await json_body(request)))
 
     @app.post("/pause_generation")
     async def pause_generation(request: Request) -> JSONResponse:
-        await server.pause(str((await body_of(request)).get("mode", "abort")))
+        await server.pause(str((await json_body(request)).get("mode", "abort")))
         return JSONResponse({})
 
     @app.post("/continue_generation")
@@ -406,7 +422,7 @@ def create_app(server: EngineServer) -> FastAPI:
 
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(request: Request) -> JSONResponse:
-        ok, message = await server.update_weights(await body_of(request))
+        ok, message = await server.update_weights(await json_body(request))
         return JSONResponse({"success": ok, "message": message}, status_code=200 if ok else 400)
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
@@ -434,8 +450,10 @@ def build_server(
     *,
     cfg: InProcessEngineConfig | None = None,
     weight_version: str = "default",
+    served_model_name: str | None = None,
 ) -> EngineServer:
-    """Load `model` (a directory, HF name or built-in alias) into an `InProcessEngine` and wrap it."""
+    """Load `model` (a directory, HF name or built-in alias) into an `InProcessEngine` and wrap it;
+    OpenAI requests name it `served_model_name` (default: `model` as given)."""
     from asearch.engine.inprocess import InProcessEngine
 
     engine = InProcessEngine.from_pretrained(model, cfg=cfg)
@@ -445,6 +463,7 @@ def build_server(
         model_path=str(model),
         weight_version=weight_version,
         eos_token_ids=[] if eos is None else [eos],
+        served_model_name=served_model_name,
     )
 
 
@@ -502,6 +521,7 @@ def engine_server_supervisor(
     max_seq_len: int | None = None,
     seed: int | None = None,
     weight_version: str | None = None,
+    served_model_name: str | None = None,
     extra_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     cfg: SupervisorConfig | None = None,
@@ -518,6 +538,7 @@ def engine_server_supervisor(
         ("--max-seq-len", max_seq_len),
         ("--seed", seed),
         ("--weight-version", weight_version),
+        ("--served-model-name", served_model_name),
     ):
         if value is not None:
             args += [flag, str(value)]

@@ -15,7 +15,7 @@ from typing import Any
 from asearch.errors import AsearchError, DataFormatError
 from asearch.eval.builtin import load_builtin
 from asearch.eval.records import QARecord
-from asearch.files import iter_jsonl
+from asearch.files import iter_jsonl, read_utf8_text
 
 __all__ = [
     "DATA_SUFFIXES",
@@ -148,8 +148,9 @@ def iter_rows(path: str | Path) -> Iterator[tuple[int, Any]]:
     yield from ROW_READERS.get(path.suffix, iter_jsonl)(path)
 
 
-def read_qa_file(path: str | Path, *, dataset: str | None = None) -> list[QARecord]:
-    """All records of one file (any supported shape); a duplicate id is an error naming both lines."""
+def read_qa_file(path: str | Path, *, dataset: str | None = None, allow_empty: bool = False) -> list[QARecord]:
+    """All records of one file (any supported shape); a duplicate id is an error naming both lines, and so
+    is a file without a single question unless `allow_empty`."""
     path = Path(path)
     if not path.is_file():
         raise AsearchError(f"{path}: dataset file not found")
@@ -164,6 +165,11 @@ def read_qa_file(path: str | Path, *, dataset: str | None = None) -> list[QAReco
             )
         first_line[rec.id] = line
         records.append(rec)
+    if not records and not allow_empty:
+        raise DataFormatError(
+            path, None, None, "no questions in it (empty, blank lines only, or an empty list); "
+            "`asearch eval` and `asearch data show` take such a file with --allow-empty",
+        )
     return records
 
 
@@ -201,7 +207,7 @@ def _iter_parquet(path: Path) -> Iterator[tuple[int, Any]]:
 
 def _iter_json_array(path: Path) -> Iterator[tuple[int, Any]]:
     """Elements of a top-level JSON list with the line each starts on (json.load would lose lines)."""
-    text = path.read_text(encoding="utf-8")
+    text = read_utf8_text(path)
     decoder = json.JSONDecoder()
     pos, line = 0, 1
 
@@ -293,11 +299,12 @@ def load_dataset(
     data_dir: str | Path | None = None,
     limit: int | None = None,
     name: str | None = None,
+    allow_empty: bool = False,
 ) -> list[QARecord]:
     """Records of a built-in set, a file, a directory, or `{data_dir}/{spec}/{split}.jsonl`, in file order.
 
     `limit` keeps the first N; `name` overrides the dataset name the records carry (default: the
-    built-in spec, or the directory / file stem).
+    built-in spec, or the directory / file stem); a file without questions is an error unless `allow_empty`.
     """
     if limit is not None and limit < 1:
         raise AsearchError(f"limit must be >= 1, got {limit}")
@@ -308,5 +315,5 @@ def load_dataset(
     else:
         path = resolve_dataset_file(spec, split=split, data_dir=data_dir)
         default = str(spec) if data_dir is not None and path.parent == Path(data_dir) / str(spec) else None
-        records = read_qa_file(path, dataset=name or default)
+        records = read_qa_file(path, dataset=name or default, allow_empty=allow_empty)
     return records[:limit] if limit is not None else records

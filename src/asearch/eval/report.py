@@ -3,6 +3,10 @@
 Metrics are computed over complete questions only (all k passes present); questions are ordered by
 (dataset, id) before bootstrapping, so a summary depends on the results, not on the order they were
 written in — a resumed run and an uninterrupted one give identical numbers.
+
+A question one of whose passes met an infrastructure fault (a result line with `infra_faults`: a tool
+timeout, 5xx or garbled answer) is masked: left out of the metrics and stats, whatever its scores, and
+reported apart under `masked` with the metrics it would give if its faulted passes counted 0.
 """
 
 from __future__ import annotations
@@ -29,33 +33,63 @@ def _mean(values: Sequence[float]) -> float | None:
     return math.fsum(values) / len(values) if values else None
 
 
+def _metrics(rows: Sequence[Sequence[Mapping[str, Any]]], score: Any = None) -> dict[str, Any]:
+    """Avg@k and Pass@k of every metric over `rows` (one row of k result lines per question); `score(r, m)`
+    reads a line's metric (default: `r[m]`)."""
+    read = score or (lambda r, m: r[m])
+    return {
+        m: {
+            "avg_at_k": _estimate(avg_at_k([[read(r, m) for r in row] for row in rows])),
+            "pass_at_k": _estimate(pass_at_k([[read(r, m) for r in row] for row in rows])),
+        }
+        for m in METRICS
+    }
+
+
+def _masked(rows: Sequence[Sequence[Mapping[str, Any]]], masked: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
+    """What masking left out of `rows` (all complete questions): masked questions and episodes, the episodes
+    by the fault kinds they met, the faults by kind, and the metrics over every question with the faulted
+    passes scored 0 (None when nothing is masked: they equal `metrics`)."""
+    faulted = [r for row in masked for r in row if r.get("infra_faults")]
+    by_kind: Counter[str] = Counter(kind for r in faulted for kind in r["infra_faults"])
+    faults: Counter[str] = Counter()
+    for r in faulted:
+        faults.update(r["infra_faults"])
+    as_zero = (lambda r, m: 0.0 if r.get("infra_faults") else r[m]) if masked else None
+    return {
+        "questions": len(masked),
+        "episodes": len(faulted),
+        "episodes_by_kind": dict(sorted(by_kind.items())),
+        "faults": dict(sorted(faults.items())),
+        "metrics_as_zero": _metrics(rows, as_zero) if masked else None,
+    }
+
+
 def summarize_group(
     results: Sequence[Mapping[str, Any]], k: int, expected: int | None = None
 ) -> dict[str, Any]:
-    """Summary of one dataset (or all pooled): metrics over questions that have all k passes."""
+    """Summary of one dataset (or all pooled): metrics over questions that have all k passes and met no
+    infrastructure fault (`n`); the masked ones under `masked`."""
     by_question: dict[tuple[str, str], dict[int, Mapping[str, Any]]] = defaultdict(dict)
     for r in results:
         by_question[(r["dataset"], r["id"])][r["pass"]] = r
     complete = sorted(q for q, passes in by_question.items() if all(p in passes for p in range(k)))
+    every = [[by_question[q][p] for p in range(k)] for q in complete]
+    masked = [row for row in every if any(r.get("infra_faults") for r in row)]
+    rows = [row for row in every if not any(r.get("infra_faults") for r in row)]
     out: dict[str, Any] = {
-        "n": len(complete),
+        "n": len(rows),
         "expected": expected,
         "incomplete": len(by_question) - len(complete),
         "k": k,
+        "masked": _masked(every, masked),
     }
-    rows = [[by_question[q][p] for p in range(k)] for q in complete]
     used = [r for row in rows for r in row]
     if not rows:
         out.update(metrics=None, judge=None, stats=None, timing=None)
         return out
 
-    out["metrics"] = {
-        m: {
-            "avg_at_k": _estimate(avg_at_k([[r[m] for r in row] for row in rows])),
-            "pass_at_k": _estimate(pass_at_k([[r[m] for r in row] for row in rows])),
-        }
-        for m in METRICS
-    }
+    out["metrics"] = _metrics(rows)
 
     judged_rows = [
         [r["judge"]["correct"] for r in row if r.get("judge") and r["judge"]["correct"] is not None]
@@ -163,10 +197,37 @@ def render_markdown(summary: Mapping[str, Any], *, title: str = "Evaluation") ->
     incomplete = {name: s["incomplete"] for name, s in summary["datasets"].items() if s["incomplete"]}
     if incomplete:
         lines += ["", f"Incomplete questions (fewer than {k} passes, left out): {incomplete}"]
+    masked = [_masked_line(name, s) for name, s in rows if (s.get("masked") or {}).get("questions")]
+    if masked:
+        lines += ["", "Masked questions (a pass met an infrastructure fault: left out of the numbers above):", ""]
+        lines += masked
     web = _web_line(summary.get("run_metrics") or {})
     if web:
         lines += ["", web]
+    faults = _faults_line(summary.get("run_metrics") or {})
+    if faults:
+        lines += ["", faults]
     return "\n".join(lines) + "\n"
+
+
+def _masked_line(name: str, s: Mapping[str, Any]) -> str:
+    """`- nq: 3 questions, 4 episodes (remote 3, timeout 1); EM Avg@1 with them as 0: 41.0 [...]`."""
+    m, k = s["masked"], s["k"]
+    kinds = ", ".join(f"{kind} {n}" for kind, n in m["episodes_by_kind"].items())
+    as_zero = ((m.get("metrics_as_zero") or {}).get("em") or {}).get("avg_at_k")
+    return (
+        f"- {name}: {m['questions']} question(s), {m['episodes']} episode(s) ({kinds}); "
+        f"EM Avg@{k} with their faulted passes as 0: {_pct(as_zero)}"
+    )
+
+
+def _faults_line(m: Mapping[str, float]) -> str | None:
+    """The faults `tools.faults` injected in this invocation (`FaultInjector.metrics` names), if any."""
+    if "faults/calls" not in m:
+        return None
+    prefix = "faults/injected/"
+    kinds = ", ".join(f"{key[len(prefix):]} {int(v)}" for key, v in sorted(m.items()) if key.startswith(prefix))
+    return f"Injected tool faults (this invocation): {int(m['faults/injected'])} of {int(m['faults/calls'])} calls ({kinds})."
 
 
 def _web_line(m: Mapping[str, float]) -> str | None:

@@ -202,6 +202,7 @@ def _result_line(rec: QARecord, p: int, seed: int, traj: Any, wall_s: float, ver
         "finish": getattr(traj, "finish", None),
         "num_turns": len(turns),
         "counters": dict(getattr(traj, "counters", {}) or {}),
+        "infra_faults": dict(getattr(traj, "infra_faults", {}) or {}),  # non-empty: masked (eval.report)
         "wall_s": wall_s,
         "trajectory": traj.to_dict() if hasattr(traj, "to_dict") else None,
     }
@@ -558,12 +559,13 @@ def workflow_solver(
 
 def agent_solver(engine: Any, tokenizer: Any, tools: Mapping[str, Any], agent_cfg: Any) -> Solve:
     """`workflow_solver` over the search agent with `tools`; its `metrics()` are the tools' run counters
-    (web cache and cost, {} for local tools)."""
+    (web cache and cost, injected faults; {} for local tools without `tools.faults`)."""
     from asearch.agent.workflow import SearchAgentWorkflow
+    from asearch.tools.faults import fault_metrics
     from asearch.web.runtime import web_metrics
 
     workflow = SearchAgentWorkflow(tokenizer, tools, agent_cfg)
-    return workflow_solver(workflow, engine, metrics=lambda: web_metrics(tools))
+    return workflow_solver(workflow, engine, metrics=lambda: {**web_metrics(tools), **fault_metrics(tools)})
 
 
 # --------------------------------------------------------------------------- in memory (held-out curves)
@@ -576,9 +578,16 @@ class EpisodeScores:
     trajectories: list[Any]
 
     @property
+    def masked(self) -> int:
+        """Episodes that met an infrastructure fault (`Trajectory.met_infra_fault`), left out of `mean_score`."""
+        return sum(1 for t in self.trajectories if t is not None and t.met_infra_fault)
+
+    @property
     def mean_score(self) -> float:
-        """The mean answer metric (`Trajectory.score`: the workflow's reward metric); a rejected episode counts 0."""
-        return sum((t.score or 0.0) if t is not None else 0.0 for t in self.trajectories) / max(len(self.trajectories), 1)
+        """The mean answer metric (`Trajectory.score`: the workflow's reward metric) over the episodes that met
+        no infrastructure fault; a rejected episode counts 0."""
+        kept = [t for t in self.trajectories if t is None or not t.met_infra_fault]
+        return sum((t.score or 0.0) if t is not None else 0.0 for t in kept) / max(len(kept), 1)
 
 
 async def evaluate_workflow(workflow: RolloutWorkflow, engine: Any, records: Sequence[Any], *, concurrency: int = 64) -> EpisodeScores:

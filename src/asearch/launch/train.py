@@ -36,7 +36,7 @@ from asearch.rl.loop import EvalSchedule, LoopConfig, TrainingLoop, write_summar
 from asearch.rl.trainer import PolicyTrainer, Trainer
 from asearch.rl.weights import DiskWeights, LiveWeights, WeightSync
 from asearch.runs import RunDir
-from asearch.tools import ToolsConfig, build_tools
+from asearch.tools import ToolsConfig, build_tools, fault_metrics
 from asearch.web.runtime import web_metrics
 
 Log = Callable[[str], Any]
@@ -170,7 +170,7 @@ async def train(cfg: TrainConfig, *, run: RunDir, log: Log = print, model: Any =
         )
         loop = TrainingLoop(
             cfg, run=run, engine=engine, trainer=trainer, workflow=workflow, records=records, weights=weights,
-            resume=resume, log=log, step_metrics=lambda: web_metrics(tools, end_step=True),
+            resume=resume, log=log, step_metrics=lambda: {**web_metrics(tools, end_step=True), **fault_metrics(tools)},
             heldout=None if heldout_workflow is None else _heldout_eval(heldout_workflow, engine, heldout, cfg),
         )  # fmt: skip
         summary = await loop.run()

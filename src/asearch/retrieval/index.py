@@ -33,8 +33,8 @@ from pydantic import Field, ValidationError
 from asearch.config import Config
 from asearch.corpus.chunking import ChunkConfig, ChunkStats, iter_passages
 from asearch.corpus.types import CorpusSource, Passage
-from asearch.errors import IndexError_
-from asearch.files import atomic_write_json
+from asearch.errors import DataFormatError, IndexError_
+from asearch.files import atomic_write_json, read_utf8_text
 from asearch.retrieval.base import Retriever
 from asearch.retrieval.bm25 import BM25Config, BM25Retriever, BM25Writer
 from asearch.retrieval.dense import DenseConfig
@@ -156,12 +156,15 @@ def build_index(
     progress: bool = True,
     overwrite: bool = False,
     build_command: str | None = None,
+    allow_empty: bool = False,
 ) -> Path:
     """Stream `source` into a new index directory at `out_dir` and return its path.
 
     Memory stays flat in corpus size apart from what the index keeps (tantivy's writer budget, 16 bytes per
     record for the key indexes, the dense vectors). `overwrite` replaces an existing index only once the new
     one is complete. `build_command` is recorded so a refused index can say how to rebuild it.
+    Refused (DataFormatError, nothing written): two documents with one id (search hits would share a
+    passage id), and a corpus without passages unless `allow_empty`.
     """
     cfg = cfg or IndexConfig()
     out = Path(out_dir).absolute()
@@ -183,6 +186,12 @@ def build_index(
     try:
         with _Progress(progress) as bar:
             counts, bm25_facts = _write_passages_and_bm25(source, tmp, cfg, bar)
+            if counts["passages"] == 0 and not allow_empty:
+                raise DataFormatError(
+                    getattr(source, "path", source.name), None, None,
+                    f"no passages to index ({counts['documents']} documents, {counts['empty_documents']} "
+                    "without words); pass allow_empty=True / --allow-empty to build an empty index",
+                )  # fmt: skip
             counts.update(_write_pages(source, tmp, bar, tmp / "passage_urls.u64"))
             dense_facts = None
             if cfg.dense is not None:
@@ -238,6 +247,8 @@ def _write_passages_and_bm25(
     bar.finish(task)
     pstats = passages.close()
     bm25_facts = bm25.close()
+    if passages.first_duplicate is not None:
+        raise _duplicate_id_error(source, *passages.first_duplicate)
     with open(tmp / "passage_urls.u64", "wb") as f:
         f.write(urls.tobytes())
     counts = {
@@ -248,6 +259,23 @@ def _write_passages_and_bm25(
         "duplicate_passage_ids": pstats["duplicate_keys"],
     }
     return counts, bm25_facts
+
+
+def _duplicate_id_error(source: CorpusSource, passage_id: str, row: int, again: int) -> DataFormatError:
+    """Two passages with one id come from two documents with one id (passage ids are `{doc id}#{k}`):
+    name the two lines when the source can find them, else the two passage rows."""
+    doc_id = passage_id.rpartition("#")[0]
+    find_lines = getattr(source, "document_lines", None)
+    lines = find_lines(doc_id) if find_lines is not None else []
+    rule = "every document needs its own id (a pages line's id is its url), or search hits would share ids"
+    if len(lines) >= 2:
+        return DataFormatError(
+            getattr(source, "path", source.name), lines[1], "id",
+            f"duplicate document id {doc_id!r} (first at line {lines[0]}); {rule}",
+        )  # fmt: skip
+    return DataFormatError(
+        source.name, None, "id", f"passage id {passage_id!r} at passage rows {row} and {again}; {rule}"
+    )
 
 
 def _write_pages(source: CorpusSource, tmp: Path, bar: _Progress, passage_urls: Path) -> dict[str, int]:
@@ -409,8 +437,10 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
     if not mf.exists():
         raise _refuse(p, f"no {MANIFEST}: not an index, or a build that did not finish")
     try:
-        manifest = json.loads(mf.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        manifest = json.loads(read_utf8_text(mf))
+    except DataFormatError as e:
+        raise _refuse(p, f"{MANIFEST} is damaged: {e.problem}") from None
+    except json.JSONDecodeError as e:
         raise _refuse(p, f"{MANIFEST} is not valid JSON ({e})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise _refuse(p, f"{MANIFEST} is not an asearch index manifest")

@@ -36,7 +36,8 @@ def store_files(name: str) -> list[str]:
 class RecordWriter:
     """Streams json records to NAME.jsonl, their byte offsets to NAME.offsets.i64, and (hash, row) pairs.
 
-    `close()` sorts the (hash, row) pairs into the key index and counts duplicate keys (the first row wins).
+    `close()` sorts the (hash, row) pairs into the key index and counts duplicate keys (the first row wins);
+    `first_duplicate` is then (key, earlier row, row) of the duplicate that comes first in row order, or None.
     """
 
     _FLUSH = 65_536  # offsets buffered before a write: bounded memory, few syscalls
@@ -51,6 +52,7 @@ class RecordWriter:
         self._buf_pairs: list[int] = []
         self.count = 0
         self.duplicates = 0
+        self.first_duplicate: tuple[str, int, int] | None = None
 
     def add(self, record: dict[str, Any]) -> int:
         """Append one record; return its row number."""
@@ -98,8 +100,12 @@ class RecordWriter:
         reader = _Records(self.dir, self.name, self.count)
         dup = 0
         for i in same.tolist():
-            a, b = reader.records([int(rows[i]), int(rows[i + 1])])
-            dup += a[self.key_field] == b[self.key_field]
+            row_a, row_b = int(rows[i]), int(rows[i + 1])  # row_a < row_b: the sort was stable
+            a, b = reader.records([row_a, row_b])
+            if a[self.key_field] == b[self.key_field]:
+                dup += 1
+                if self.first_duplicate is None or row_b < self.first_duplicate[2]:
+                    self.first_duplicate = (a[self.key_field], row_a, row_b)
         reader.close()
         return dup
 

@@ -5,7 +5,10 @@ finished groups queue up, and a training batch takes the B oldest. Groups are re
 capacity) when every sample got the same reward (no signal), when the workflow rejected one of their
 episodes (it returned None), when an episode raised, or when they became too stale to train on: a
 group admitted at version a is only trained at version <= a + eta, so the bound holds per group, not
-just system-wide (in-flight hopeless groups are cancelled early).
+just system-wide (in-flight hopeless groups are cancelled early). An episode that met an infrastructure
+fault (a tool timeout, 5xx or garbled answer) leaves its group: the advantages compare the clean ones,
+and a group with fewer than 2 clean episodes is rejected ("infra_fault"). With `sampling.pass_rate`, prompts
+whose recent groups were all settled are mostly skipped before any generation (`asearch.rl.sampling`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pydantic import Field
 
 from asearch.agent.trajectory import Trajectory
 from asearch.config import Config
+from asearch.rl.sampling import PassRateSampler, SamplingConfig
 from asearch.rl.staleness import StalenessManager
 
 
@@ -39,6 +43,7 @@ class ControllerConfig(Config):
         "waits for every older group, so batches keep admission order, no group is ever stale and long "
         "trajectories train as often as in synchronous RL; a straggler delays training, not generation.",
     )
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
 
 
 @dataclass
@@ -72,6 +77,8 @@ class RolloutController:
         ready: list[Group] | None = None,
         rejected: dict[str, int] | None = None,
         data_position: int = 0,
+        sampler_state: dict[str, Any] | None = None,
+        seed: int = 0,
     ):
         self.cfg, self.data, self.run_episode = cfg, data, run_episode
         self.staleness = staleness or StalenessManager(cfg.batch_size, cfg.max_staleness, cfg.max_concurrent)
@@ -80,8 +87,12 @@ class RolloutController:
         self.inflight: dict[int, tuple[Group, asyncio.Task]] = {}
         self.rejected: Counter[str] = Counter(rejected or {})
         self.errors: list[str] = []
+        self.masked_episodes = 0  # episodes that met an infrastructure fault, left out of their group
+        self.masked_by_kind: Counter[str] = Counter()  # those episodes by the fault kinds they met
         self.exhausted = False
         self.data_position = data_position  # one past the last prompt pulled from `data`
+        use_pass_rate = cfg.sampling.pass_rate and cfg.drop_zero_variance and cfg.group_size >= 2
+        self.sampler = PassRateSampler(cfg.sampling, seed, sampler_state) if use_pass_rate else None
         self._seq = max((g.seq for g in self.ready), default=-1) + 1
         self._wake = asyncio.Event()
         self._batch_ready = asyncio.Event()
@@ -103,12 +114,7 @@ class RolloutController:
     async def _produce(self) -> None:
         while True:
             while self.staleness.capacity > 0 and not self.exhausted:
-                if self.redo:
-                    item = self.redo.pop(0)
-                else:
-                    item = next(self.data, None)
-                    if item is not None:
-                        self.data_position = item[0] + 1
+                item = self.redo.pop(0) if self.redo else self._next_prompt()
                 if item is None:
                     self.exhausted = True
                     self._batch_ready.set()
@@ -122,18 +128,33 @@ class RolloutController:
             self._wake.clear()
             await self._wake.wait()
 
+    def _next_prompt(self) -> tuple[int, Any] | None:
+        """The data stream's next prompt the sampler admits (all of them without one); None at its end."""
+        while (item := next(self.data, None)) is not None:
+            self.data_position = item[0] + 1
+            if self.sampler is None or self.sampler.admit(item[1]):
+                return item
+        return None
+
     async def _run_group(self, group: Group) -> None:
         cause = None
         try:
             n = self.cfg.group_size
             episodes = await asyncio.gather(*(self.run_episode(group.sample, k) for k in range(n)))
-            group.trajectories = [t for t in episodes if t is not None]
-            unscored = [t.id for t in group.trajectories if t.reward is None]
+            finished = [t for t in episodes if t is not None]
+            unscored = [t.id for t in finished if t.reward is None]
             if unscored:
                 raise ValueError(f"the workflow returned unscored trajectories {unscored}")
+            # out whatever its reward: the infrastructure failed it (conditioning on the reward would bias)
+            masked = [t for t in finished if t.met_infra_fault]
+            self.masked_episodes += len(masked)
+            self.masked_by_kind.update(kind for t in masked for kind in t.infra_faults)
+            group.trajectories = [t for t in finished if not t.met_infra_fault]
             group.rewards = [float(t.reward or 0.0) for t in group.trajectories]
-            if len(group.trajectories) < n:  # a group is compared within itself: a missing sample spoils it
+            if len(finished) < n:  # a group is compared within itself: a missing sample spoils it
                 cause = "rejected_episode"
+            elif len(group.trajectories) < min(2, n):  # too few clean samples left to compare
+                cause = "infra_fault"
             elif self.cfg.drop_zero_variance and max(group.rewards) - min(group.rewards) < 1e-9:
                 cause = "zero_variance"
         except asyncio.CancelledError:
@@ -141,6 +162,8 @@ class RolloutController:
         except Exception as e:  # an episode must not kill the run: count it, keep the message
             cause = "error"
             self.errors.append(f"{type(e).__name__}: {e}")
+        if self.sampler is not None and cause in (None, "zero_variance"):
+            self.sampler.record(group.sample, group.rewards, [float(t.score or 0.0) for t in group.trajectories])
         self.inflight.pop(group.seq, None)
         self.staleness.finish(accepted=cause is None)
         if cause is None:
@@ -222,6 +245,7 @@ class RolloutController:
             + self.redo,
             "rejected": dict(self.rejected),
             "data_position": self.data_position,
+            "sampler_state": self.sampler.state_dict() if self.sampler is not None else None,
         }
 
     @staticmethod
@@ -245,6 +269,7 @@ class RolloutController:
             "redo": [tuple(x) for x in state["redo"]],
             "rejected": state.get("rejected", {}),
             "data_position": state["data_position"],
+            "sampler_state": state.get("sampler_state"),
         }
 
     async def close(self) -> None:

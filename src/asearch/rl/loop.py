@@ -14,6 +14,8 @@ on is built elsewhere (`asearch.launch.train`): this module imports no launcher 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import itertools
 import json
 import random
 import time
@@ -28,7 +30,7 @@ from asearch.agent.workflow import RolloutWorkflow
 from asearch.config import Config
 from asearch.engine.types import Engine
 from asearch.rl.checkpoint import Resume, save_checkpoint
-from asearch.rl.controller import ControllerConfig, Group, RolloutController
+from asearch.rl.controller import ControllerConfig, EpisodeFn, Group, RolloutController
 from asearch.rl.trainer import Sample, Trainer, TrainerConfig, groups_to_samples
 from asearch.rl.weights import WeightSync
 from asearch.runs import RunDir
@@ -70,6 +72,13 @@ def cycle_data(records: Sequence[Any], seed: int, start: int = 0) -> Iterator[tu
             pos += 1
 
 
+def episode_seed(seed: int, start_step: int, n: int) -> int:
+    """The sampling seed of the n-th episode (0-based) a process resumed at `start_step` starts in a run
+    seeded `seed`: 63 bits of a hash, so two episodes' per-turn seeds (`asearch.agent.loop.turn_seed`) do not meet."""
+    digest = hashlib.blake2b(f"{seed}/{start_step}/{n}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
 HeldoutEval = Callable[[], Awaitable[float]]  # greedy accuracy of the engine's current weights
 
 
@@ -97,11 +106,21 @@ class TrainingLoop:
         self.step = self.version = self.saved_step = resume.step
         self.rl_wall_before = resume.rl_wall_s
         data = cycle_data(records, cfg.seed, resume.controller.get("data_position", 0))
-        episode = lambda sample, k: workflow.arun_episode(engine, sample)  # noqa: E731
-        self.controller = RolloutController(cfg.rollout, data, episode, **resume.controller)
+        episode = self._seeded_episodes(engine, workflow, start_step=resume.step)
+        self.controller = RolloutController(cfg.rollout, data, episode, seed=cfg.seed, **resume.controller)
         self.pending_eval: asyncio.Task | None = None
         self.summary: dict[str, Any] = {}
         self.t_start = self.last_eval_t = 0.0
+
+    def _seeded_episodes(self, engine: Engine, workflow: RolloutWorkflow, *, start_step: int) -> EpisodeFn:
+        """The controller's episode function: the workflow on a prompt, with the seed `episode_seed` gives the
+        n-th episode this process starts. The controller starts episodes in admission order, so n, and with it
+        every sampled token, follows from the data stream and not from when each request reaches the engine
+        (tool latencies reorder those)."""
+        numbers = itertools.count()
+        return lambda sample, k: workflow.arun_episode(
+            engine, sample, seed=episode_seed(self.cfg.seed, start_step, next(numbers))
+        )
 
     def rl_wall(self) -> float:
         return self.rl_wall_before + time.perf_counter() - self.t_start
@@ -158,9 +177,9 @@ class TrainingLoop:
 
     def advantages(self, batch: list[Group]) -> list[Sample]:
         """Per-token training samples, each carrying its group-relative advantage."""
-        rewards, trajectories = [g.rewards for g in batch], [g.trajectories for g in batch]
-        samples, _ = groups_to_samples(rewards, trajectories, self.cfg.trainer.advantages)
-        return samples
+        # group by group: a group that lost episodes to infrastructure faults is smaller than the others
+        adv = self.cfg.trainer.advantages
+        return [s for g in batch for s in groups_to_samples([g.rewards], [g.trajectories], adv)[0]]
 
     async def train_step(self, samples: list[Sample]) -> dict[str, float]:
         """One policy update, in a worker thread (generation and evaluation go on meanwhile)."""
@@ -293,4 +312,12 @@ def rollout_metrics(
         m[f"rollout/rejected/{cause}"] = float(c)
     for cause, c in workflow.rejected.items():
         m[f"rollout/rejected_episodes/{cause}"] = float(c)
+    m["rollout/masked_episodes"] = float(controller.masked_episodes)
+    for kind, c in controller.masked_by_kind.items():
+        m[f"rollout/masked_episodes/{kind}"] = float(c)
+    if controller.sampler is not None:
+        for cause, c in controller.sampler.skipped.items():
+            m[f"rollout/skipped/{cause}"] = float(c)
+    kept, dropped = controller.staleness.accepted, controller.staleness.rejected
+    m["rollout/groups_per_kept"] = (kept + dropped) / max(kept, 1)
     return m

@@ -1,23 +1,122 @@
-"""Decoupled PPO: the clipped surrogate against a proximal policy, importance-weighted by behaviour.
+"""Decoupled PPO with a choice of off-policy correction: the clipped surrogate against a proximal policy,
+weighted and masked by how far behaviour is from it.
 
-    J = mean_t  w_t * min(u_t * A_t, clip(u_t, 1 - eps, 1 + eps) * A_t)
+    J = sum_t keep_t * c_t * min(u_t * A_t, clip(u_t, 1 - eps, 1 + eps) * A_t) / N
         u_t = pi_theta / pi_prox     (the trust region is around the proximal policy)
-        w_t = pi_prox / pi_behav     (corrects for tokens sampled by an older policy; no gradient)
-Tokens whose behaviour weight w_t exceeds a cap are masked: they are too off-policy to trust.
+        w_t = pi_prox / pi_behav     (tokens were sampled by an older policy, or another engine; no gradient)
+        (c_t, keep_t) = correction(w_t): the weight a token gets and whether it stays in the loss
+        N = the generated tokens, counted before any masking, so masking shrinks the loss
+The corrections (`loss.correction`, one function each in `CORRECTIONS`):
+    decoupled   c = w,           keep: w <= cap                   (AReaL's; the default)
+    tis         c = min(w, C),   keep: every token                (truncated importance sampling)
+    token_mask  c = w,           keep: lo <= w <= hi              (IcePop-style band per token)
+    seq_mask    c = w,           keep: lo <= rho_seq <= hi        (the whole sequence in or out)
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Literal
+
 import torch
+from pydantic import Field, model_validator
 
 from asearch.config import Config
 
 
 class LossConfig(Config):
-    eps_clip: float = 0.2
-    eps_clip_high: float | None = None  # asymmetric upper clip (DAPO "clip higher"); None = eps_clip
-    behav_weight_cap: float | None = 5.0  # mask tokens with pi_prox / pi_behav above this; None = off
-    kl_coef: float = 0.0  # penalty against a reference policy (k3 estimator); 0 = no reference needed
+    eps_clip: float = Field(0.2, gt=0, description="PPO clip range around pi_prox: u in [1 - eps, 1 + eps].")
+    eps_clip_high: float | None = Field(
+        None, gt=0, description="Asymmetric upper clip (DAPO's clip-higher); None: eps_clip."
+    )
+    kl_coef: float = Field(
+        0.0, ge=0, description="Penalty against a reference policy (k3 estimator); 0: no reference needed."
+    )
+    correction: Literal["decoupled", "tis", "token_mask", "seq_mask"] = Field(
+        "decoupled",
+        description="Off-policy correction by w = pi_prox / pi_behav. decoupled: weight w, mask tokens with w above "
+        "behav_weight_cap. tis: weight min(w, tis_cap), nothing masked. token_mask: weight w, mask tokens with w "
+        "outside [mask_low, mask_high]. seq_mask: weight w, mask every token of a sequence whose ratio "
+        "(seq_ratio) is outside [seq_mask_low, seq_mask_high]. docs/rl.md says when to use which.",
+    )
+    behav_weight_cap: float | None = Field(
+        5.0, gt=0, description="decoupled: mask tokens with w above this (AReaL and ASearcher: 5); None: no mask."
+    )
+    tis_cap: float = Field(2.0, gt=0, description="tis: the truncation C of min(w, C) (verl recommends 2).")
+    mask_low: float = Field(0.5, ge=0, description="token_mask: low end of the band of w kept (IcePop: 0.5).")
+    mask_high: float = Field(5.0, gt=0, description="token_mask: high end of the band of w kept (IcePop: 5).")
+    seq_ratio: Literal["geometric", "product"] = Field(
+        "geometric",
+        description="seq_mask: the sequence's ratio. geometric: exp(mean_t log w_t), the same scale at any length; "
+        "product: exp(sum_t log w_t), the sequence's own likelihood ratio (its band must widen with length).",
+    )
+    seq_mask_low: float = Field(0.5, ge=0, description="seq_mask: low end of the band of sequence ratios kept.")
+    seq_mask_high: float = Field(2.0, gt=0, description="seq_mask: high end of the band of sequence ratios kept.")
+
+    @model_validator(mode="after")
+    def _bands_are_ordered(self) -> LossConfig:
+        for low, high in (("mask_low", "mask_high"), ("seq_mask_low", "seq_mask_high")):
+            if getattr(self, low) >= getattr(self, high):
+                raise ValueError(f"{low} must be below {high}: got {getattr(self, low)} >= {getattr(self, high)}")
+        return self
+
+
+# -- the corrections: (w, loss mask (rows, T) float, cfg) -> (weight c, keep 0/1 float). Rows are sequences
+#    (the trainer pads one sample per row), which `seq_mask` reads; the others act per token.
+WeightAndKeep = tuple[torch.Tensor, torch.Tensor]
+Correction = Callable[[torch.Tensor, torch.Tensor, LossConfig], WeightAndKeep]
+
+
+def decoupled_correction(w: torch.Tensor, mask: torch.Tensor, cfg: LossConfig) -> WeightAndKeep:
+    """c_t = w_t; keep_t = [w_t <= cap]: a token too far off-policy is dropped rather than trusted."""
+    if cfg.behav_weight_cap is None:
+        return w, mask
+    over_cap = (w > cfg.behav_weight_cap) & (mask > 0)
+    return w, mask * (~over_cap).float()
+
+
+def tis_correction(w: torch.Tensor, mask: torch.Tensor, cfg: LossConfig) -> WeightAndKeep:
+    """c_t = min(w_t, C); keep_t = 1: every token trains, and none weighs more than C (a biased, bounded
+    variance estimate instead of an unbiased, unbounded one)."""
+    return w.clamp(max=cfg.tis_cap), mask
+
+
+def token_mask_correction(w: torch.Tensor, mask: torch.Tensor, cfg: LossConfig) -> WeightAndKeep:
+    """c_t = w_t; keep_t = [lo <= w_t <= hi]: tokens the proximal policy finds much less likely than the
+    sampler did (w_t < lo) are dropped as well as the ones it finds much more likely."""
+    in_band = (w >= cfg.mask_low) & (w <= cfg.mask_high)
+    return w, mask * in_band.float()
+
+
+def seq_mask_correction(w: torch.Tensor, mask: torch.Tensor, cfg: LossConfig) -> WeightAndKeep:
+    """c_t = w_t; keep_t = [lo <= rho <= hi] for every token of the row, with
+        log rho = sum_t m_t log w_t / sum_t m_t   (geometric)   or   sum_t m_t log w_t   (product)
+    over the row's generated tokens m_t: a sequence that drifted is dropped whole, not token by token."""
+    log_w = torch.where(mask > 0, torch.log(w), torch.zeros_like(w))  # padding and prompt count 0, never nan
+    log_rho = log_w.sum(dim=-1, keepdim=True)
+    if cfg.seq_ratio == "geometric":
+        log_rho = log_rho / mask.sum(dim=-1, keepdim=True).clamp(min=1.0)
+    rho = torch.exp(log_rho)
+    in_band = (rho >= cfg.seq_mask_low) & (rho <= cfg.seq_mask_high)
+    return w, mask * in_band.float()
+
+
+CORRECTIONS: dict[str, Correction] = {
+    "decoupled": decoupled_correction,
+    "tis": tis_correction,
+    "token_mask": token_mask_correction,
+    "seq_mask": seq_mask_correction,
+}
+
+
+def corrected_weights(
+    prox_logprobs: torch.Tensor, behav_logprobs: torch.Tensor, loss_mask: torch.Tensor, cfg: LossConfig
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(w, c, keep) of `cfg.correction`, without gradient: the behaviour weight, the weight the loss applies
+    and the 0/1 mask of the tokens it keeps (0 off the loss mask)."""
+    w = torch.exp(prox_logprobs - behav_logprobs).detach()
+    weight, keep = CORRECTIONS[cfg.correction](w, loss_mask.float(), cfg)
+    return w, weight, keep
 
 
 def decoupled_ppo_loss(
@@ -25,21 +124,18 @@ def decoupled_ppo_loss(
     prox_logprobs: torch.Tensor,  # log pi_prox, recomputed once per step before the minibatch loop
     behav_logprobs: torch.Tensor,  # log pi_behav, from the engine at sampling time
     advantages: torch.Tensor,
-    loss_mask: torch.Tensor,  # 1 on generated tokens
+    loss_mask: torch.Tensor,  # 1 on generated tokens; (rows, T) with one sequence per row for seq_mask
     cfg: LossConfig,
     ref_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    mask = loss_mask.float()
-    n_tokens = mask.sum().clamp(min=1.0)  # counted before the behaviour cap so masking shrinks the loss
+    generated = loss_mask.float()
+    n_tokens = generated.sum().clamp(min=1.0)  # counted before the correction masks: masking shrinks the loss
 
-    behav_weight = torch.exp(prox_logprobs - behav_logprobs).detach()
-    if cfg.behav_weight_cap is not None:
-        over_cap = (behav_weight > cfg.behav_weight_cap) & (mask > 0)
-        mask = mask * (~over_cap).float()
+    behav_weight, weight, mask = corrected_weights(prox_logprobs, behav_logprobs, loss_mask, cfg)
     ratio = torch.exp(logprobs - prox_logprobs.detach())
     high = cfg.eps_clip if cfg.eps_clip_high is None else cfg.eps_clip_high
     surrogate = torch.min(ratio * advantages, ratio.clamp(1 - cfg.eps_clip, 1 + high) * advantages)
-    pg_loss = -(behav_weight * surrogate * mask).sum() / n_tokens
+    pg_loss = -(weight * surrogate * mask).sum() / n_tokens
 
     kl_loss = torch.zeros((), dtype=logprobs.dtype)
     if cfg.kl_coef > 0:
@@ -49,13 +145,15 @@ def decoupled_ppo_loss(
     loss = pg_loss + kl_loss
 
     with torch.no_grad():
-        m = mask > 0
+        m, g = mask > 0, generated > 0
         stats = {
             "loss/policy": pg_loss.item(),
             "loss/kl": kl_loss.item(),
             "loss/clip_frac": ((ratio - 1).abs() > cfg.eps_clip)[m].float().mean().item() if m.any() else 0.0,
             "loss/approx_kl": ((ratio - 1) - torch.log(ratio))[m].mean().item() if m.any() else 0.0,
-            "loss/behav_weight_mean": behav_weight[loss_mask > 0].mean().item() if (loss_mask > 0).any() else 1.0,
-            "loss/behav_capped_frac": 1.0 - mask.sum().item() / n_tokens.item(),
+            "loss/behav_weight_mean": behav_weight[g].mean().item() if g.any() else 1.0,
+            "loss/is_weight_mean": weight[m].mean().item() if m.any() else 1.0,
+            "loss/masked_frac": 1.0 - mask.sum().item() / n_tokens.item(),
+            "loss/truncated_frac": (weight < behav_weight)[g].float().mean().item() if g.any() else 0.0,
         }
     return loss, stats

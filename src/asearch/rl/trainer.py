@@ -20,8 +20,17 @@ import torch
 from pydantic import Field
 
 from asearch.config import Config
+from asearch.metrics.offpolicy import (
+    MASKED_FRAC,
+    MASKED_FRAC_BY_STALENESS,
+    RATIO_EDGES,
+    RATIO_HIST,
+    RATIO_LABELS,
+    VERSIONS_BEHIND_HIST,
+    VERSIONS_BEHIND_LABELS,
+)
 from asearch.rl.advantages import AdvantageConfig, group_advantages
-from asearch.rl.loss import LossConfig, decoupled_ppo_loss
+from asearch.rl.loss import LossConfig, corrected_weights, decoupled_ppo_loss
 from asearch.rl.optim import OptimConfig, lr_factor, make_optimizer
 
 
@@ -146,6 +155,45 @@ def _pad(rows: Sequence[Sequence[float]], longest: int, fill: float = 0.0) -> to
     return out
 
 
+# -- the staleness lab: per step, generated tokens counted by versions behind the trained policy (and how many
+#    of those the correction masked) and by importance ratio, in the fixed bins of `asearch.metrics.offpolicy`.
+_N_BEHIND, _N_RATIO = len(VERSIONS_BEHIND_LABELS), len(RATIO_LABELS)
+_LAB_SIZE = 2 * _N_BEHIND + _N_RATIO  # [tokens by behind | masked by behind | tokens by ratio]
+
+
+def staleness_lab_counts(
+    prox_logprobs: torch.Tensor, behav_logprobs: torch.Tensor, loss_mask: torch.Tensor, versions: torch.Tensor,
+    policy_version: int, cfg: LossConfig,
+) -> torch.Tensor:  # fmt: skip
+    """Token counts of one micro-batch, shape (_LAB_SIZE,): generated tokens by min(v - version, 4), how far
+    behind the trained version v they were sampled; the ones `cfg.correction` masks, in the same bins; and
+    generated tokens by w = pi_prox / pi_behav."""
+    with torch.no_grad():
+        w, _, keep = corrected_weights(prox_logprobs, behav_logprobs, loss_mask, cfg)
+        generated = loss_mask > 0
+        behind = (policy_version - versions[generated]).clamp(0, _N_BEHIND - 1).long()
+        edges = torch.tensor(RATIO_EDGES, dtype=w.dtype, device=w.device)
+        ratio_bin = torch.bucketize(w[generated], edges, right=True)
+        return torch.cat([
+            torch.bincount(behind, minlength=_N_BEHIND),
+            torch.bincount(behind[keep[generated] == 0], minlength=_N_BEHIND),
+            torch.bincount(ratio_bin, minlength=_N_RATIO),
+        ]).float()  # fmt: skip
+
+
+def staleness_lab_stats(counts: Sequence[float]) -> dict[str, float]:
+    """The metrics row of the summed counts: both histograms (every bin), the masked share per staleness
+    bin that has tokens, and the masked share overall."""
+    tokens, masked, ratio = counts[:_N_BEHIND], counts[_N_BEHIND : 2 * _N_BEHIND], counts[2 * _N_BEHIND :]
+    out = {f"{VERSIONS_BEHIND_HIST}{b}": c for b, c in zip(VERSIONS_BEHIND_LABELS, tokens, strict=True)}
+    out.update({f"{RATIO_HIST}{b}": c for b, c in zip(RATIO_LABELS, ratio, strict=True)})
+    for b, m, n in zip(VERSIONS_BEHIND_LABELS, masked, tokens, strict=True):
+        if n:
+            out[f"{MASKED_FRAC_BY_STALENESS}{b}"] = m / n
+    out[MASKED_FRAC] = sum(masked) / max(sum(tokens), 1.0)
+    return out
+
+
 class Trainer(Protocol):
     """What the RL loop needs of a trainer: `PolicyTrainer` here, or FSDP ranks elsewhere
     (`asearch.launch.ray.RayTrainerGroup`)."""
@@ -224,28 +272,21 @@ class PolicyTrainer:
         stats: dict[str, float] = {}
         n_stats = 0
         grad_norms: list[float] = []
+        lab = torch.zeros(_LAB_SIZE)  # the staleness lab's counts, over the first pass: each sample once
         updates = cfg.epochs * cfg.n_minibatches
         for u, (k_mb, mb) in enumerate(itertools.chain.from_iterable(enumerate(minibatches) for _ in range(cfg.epochs))):
             if not mb_sizes[k_mb]:
                 continue  # fewer samples than minibatches
             self.optimizer.zero_grad(set_to_none=True)
             for idx in self._micro_batches(samples, mb):
-                rows = [samples[i] for i in idx] or [_NOOP]
-                longest = max(len(s.token_ids) for s in rows)
-                logp = sequence_logprobs(self.model, rows, self.temperature, generated_only=True)
-                behav = _pad([s.behav_logprobs for s in rows], longest)
-                mask = _pad([s.loss_mask for s in rows], longest)
-                adv = torch.tensor([s.advantage for s in rows])[:, None].expand(-1, longest)
-                prox_lp = self._proximal(logp, behav, samples, idx, prox, update=(u, updates), policy_version=policy_version)
-                dev = logp.device
-                loss, s = decoupled_ppo_loss(
-                    logp, prox_lp.to(dev), behav.to(dev), adv.to(dev), mask.to(dev), cfg.loss
+                s, lab_counts = self._micro_batch(
+                    samples, idx, prox, update=(u, updates), policy_version=policy_version, mb_tokens=mb_tokens[k_mb]
                 )
-                # the no-op stand-in has an all-zero mask: a zero gradient, but every collective runs
-                (loss * (mask.sum().item() / max(mb_tokens[k_mb], 1))).backward()
                 for k, v in s.items():  # every process has the same keys, for the sum below
                     stats[k] = stats.get(k, 0.0) + (v if idx else 0.0)
                 n_stats += bool(idx)
+                if u < cfg.n_minibatches:
+                    lab += lab_counts
             grad_norms.append(self._clip_grad_norm())
             self.optimizer.step()
             self.scheduler.step()
@@ -253,12 +294,35 @@ class PolicyTrainer:
         keys = sorted(stats)
         sums = self._all_sum([stats[k] for k in keys] + [float(n_stats)])
         out = {k: v / max(sums[-1], 1) for k, v in zip(keys, sums, strict=False)}
+        out.update(staleness_lab_stats(self._all_sum(lab.tolist())))
         out["perf/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
         out["perf/lr"] = self.scheduler.get_last_lr()[0]
         out["perf/train_tokens"] = float(sum(len(s.token_ids) for s in samples))
         out["perf/train_samples"] = float(len(samples))
         self.model.eval()
         return out
+
+    def _micro_batch(
+        self, samples: Sequence[Sample], idx: list[int], prox: dict[int, torch.Tensor], *, update: tuple[int, int],
+        policy_version: int, mb_tokens: float,
+    ) -> tuple[dict[str, float], torch.Tensor]:  # fmt: skip
+        """Forward and backward of one micro-batch (`idx`; [] = the no-op stand-in), its loss scaled by its
+        share of the minibatch's `mb_tokens` loss-mask tokens. Returns the loss stats and the lab's counts."""
+        rows = [samples[i] for i in idx] or [_NOOP]
+        longest = max(len(s.token_ids) for s in rows)
+        logp = sequence_logprobs(self.model, rows, self.temperature, generated_only=True)
+        behav = _pad([s.behav_logprobs for s in rows], longest)
+        mask = _pad([s.loss_mask for s in rows], longest)
+        adv = torch.tensor([s.advantage for s in rows])[:, None].expand(-1, longest)
+        prox_lp = self._proximal(logp, behav, samples, idx, prox, update=update, policy_version=policy_version)
+        dev = logp.device
+        loss, stats = decoupled_ppo_loss(
+            logp, prox_lp.to(dev), behav.to(dev), adv.to(dev), mask.to(dev), self.cfg.loss
+        )
+        # the no-op stand-in has an all-zero mask: a zero gradient, but every collective runs
+        (loss * (mask.sum().item() / max(mb_tokens, 1))).backward()
+        versions = _pad([s.versions for s in rows], longest)
+        return stats, staleness_lab_counts(prox_lp, behav, mask, versions, policy_version, self.cfg.loss)
 
     def _proximal(
         self, logp: torch.Tensor, behav: torch.Tensor, samples: Sequence[Sample], idx: list[int],

@@ -26,7 +26,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from asearch.errors import ConfigError
+from asearch.errors import ConfigError, DataFormatError
+from asearch.files import read_utf8_text
 from asearch.sim.config import SimConfig
 from asearch.sim.model import SimResult, simulate
 
@@ -69,9 +70,11 @@ def _need(row: dict[str, Any], key: str, where: str) -> Any:
 def load_bench(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_utf8_text(path))
     except FileNotFoundError:
         raise ConfigError(f"{path}: not found") from None
+    except DataFormatError as e:  # not UTF-8: names the line and byte
+        raise ConfigError(str(e)) from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
     if not isinstance(data, dict) or not isinstance(data.get("results"), list) or not data["results"]:

@@ -5,6 +5,7 @@ registry with no edit to this file."""
 from asearch.tools.access import AccessArgs, AccessTool, AccessToolConfig, LocalPageBackend, PageBackend
 from asearch.tools.base import (
     DEFAULT_TOOL_TIMEOUT_S,
+    INFRASTRUCTURE_ERRORS,
     EpisodeContext,
     Observation,
     Tool,
@@ -15,6 +16,7 @@ from asearch.tools.base import (
     tool_counter,
 )
 from asearch.tools.build import ToolsConfig, ToolSourceConfig, build_tools, ensure_index, open_sources
+from asearch.tools.faults import FaultConfig, FaultInjector, fault_metrics, inject_faults
 from asearch.tools.registry import (
     argument_hints,
     available_tools,
@@ -26,10 +28,13 @@ from asearch.tools.search import LocalSearchBackend, SearchArgs, SearchBackend, 
 
 __all__ = [
     "DEFAULT_TOOL_TIMEOUT_S",
+    "INFRASTRUCTURE_ERRORS",
     "AccessArgs",
     "AccessTool",
     "AccessToolConfig",
     "EpisodeContext",
+    "FaultConfig",
+    "FaultInjector",
     "LocalPageBackend",
     "LocalSearchBackend",
     "Observation",
@@ -48,6 +53,8 @@ __all__ = [
     "build_tools",
     "configurable_tools",
     "ensure_index",
+    "fault_metrics",
+    "inject_faults",
     "make_tool",
     "open_sources",
     "register_tool",

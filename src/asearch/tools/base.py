@@ -1,7 +1,9 @@
 """The Tool seam: parse the agent's raw argument text, call, return an `Observation` the agent reads.
 
 `run_tool` is the only way the agent loop calls a tool: bad arguments, remote failures and timeouts
-come back as observations with `metadata["error"]` set, never as exceptions. One tool object serves
+come back as observations with `metadata["error"]` set, never as exceptions, and `metadata["fault"]`
+saying whose failure it was: the model's, or the infrastructure's (a timeout, a 5xx, a garbled answer;
+such episodes are left out of training and accuracy, docs/tools.md). One tool object serves
 every concurrent episode; what it must remember about one episode lives in that episode's
 `EpisodeContext`, which the loop hands to every call.
 
@@ -18,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
+import httpx
+
 from asearch.corpus.types import Page
 from asearch.errors import RemoteError, ToolError
 
@@ -25,7 +29,13 @@ log = logging.getLogger(__name__)
 
 ArgsT = TypeVar("ArgsT")
 
-ErrorKind = Literal["bad_arguments", "timeout", "remote", "tool"]
+ErrorKind = Literal["bad_arguments", "timeout", "remote", "garbage", "tool"]
+FaultSource = Literal["model", "infrastructure"]
+
+# A service that did not answer in time, answered with an error, or answered something undecodable: the
+# episode met a fault of the infrastructure, not of the model. `bad_arguments` is the model's; so is `tool`
+# (a refused url, a spent budget, a retriever's own exception): deterministic answers to what it asked.
+INFRASTRUCTURE_ERRORS: frozenset[str] = frozenset({"timeout", "remote", "garbage"})
 
 
 class ToolArgumentError(ToolError):
@@ -138,7 +148,8 @@ async def run_tool(
 ) -> Observation:
     """Parse and call `tool` within `timeout_s` seconds (None = no limit) for `episode` (None: a fresh
     one, as for a call outside any episode); every failure becomes an observation like
-    `search failed: timeout after 20 s` with `metadata["error"]` set to its kind.
+    `search failed: timeout after 20 s` with `metadata["error"]` set to its kind and `metadata["fault"]`
+    to "infrastructure" (kinds in INFRASTRUCTURE_ERRORS) or "model".
 
     A timed-out in-process call keeps running in its worker thread (threads cannot be cancelled); only
     the agent stops waiting for it.
@@ -154,7 +165,7 @@ async def run_tool(
     except TimeoutError:
         kind, message = "timeout", f"timeout after {timeout_s:g} s"
     except RemoteError as e:
-        kind, message = "remote", str(e)
+        kind, message = remote_error_kind(e), str(e)
     except ToolError as e:
         kind, message = "tool", str(e)
     else:
@@ -163,8 +174,27 @@ async def run_tool(
         return obs
     log.info("tool %s failed (%s): %s", tool.name, kind, message)
     text = f"{tool.name} failed: {message}"
+    fault: FaultSource = "infrastructure" if kind in INFRASTRUCTURE_ERRORS else "model"
+    latency_s = round(time.perf_counter() - start, 6)
     return Observation(
         text=text,
-        metadata={"tool": tool.name, "error": kind, "latency_s": round(time.perf_counter() - start, 6)},
+        metadata={"tool": tool.name, "error": kind, "fault": fault, "latency_s": latency_s},
         error=text,
     )
+
+
+def remote_error_kind(error: RemoteError) -> ErrorKind:
+    """The kind of a RemoteError, read off the exception chain the client raised it with (`raise ... from`,
+    or raised while handling): a read timeout under it makes "timeout"; a JSON, validation or decoding
+    error (all ValueErrors) makes "garbage"; anything else (a 5xx after the retries, a refused connection,
+    a 4xx) is "remote"."""
+    link: BaseException | None = error
+    seen: set[int] = set()
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, TimeoutError | httpx.TimeoutException):
+            return "timeout"
+        if isinstance(link, ValueError):
+            return "garbage"
+        link = link.__cause__ or link.__context__
+    return "remote"

@@ -21,6 +21,7 @@ from asearch.config import Config
 from asearch.files import cache_dir
 from asearch.retrieval.index import IndexConfig
 from asearch.tools.base import Tool, ToolSources
+from asearch.tools.faults import FaultConfig, inject_faults
 from asearch.tools.registry import configurable_tools
 from asearch.web.sources import WebConfig
 
@@ -46,6 +47,11 @@ class ToolSourceConfig(Config):
         None,
         description="Search and read the open web instead (e.g. tools.web.search=serper, tools.web.reader=direct, "
         "tools.web.cache.mode=cache_only); API keys come from environment variables only (docs/web.md).",
+    )
+    faults: FaultConfig | None = Field(
+        None,
+        description="Inject failures into a fraction of search/access calls (e.g. tools.faults.server_error=0.1, "
+        "tools.faults.seed=3) to test a run against a flaky infrastructure; null: none (docs/tools.md).",
     )
 
     @model_validator(mode="before")
@@ -142,9 +148,13 @@ def open_sources(cfg: ToolSourceConfig, *, progress: bool = True) -> tuple[ToolS
 def build_tools(cfg: ToolSourceConfig, *, progress: bool = True) -> tuple[dict[str, Tool[Any]], list[Any]]:
     """The tools `cfg` turns on, in prompt order, over a local index, a retrieval server or the web; returns
     (tools, closers). A closer may be async. Web tools report their cache and cost counters via
-    `asearch.web.runtime.web_metrics`. A source no tool reads stays open until closed (e.g. the web reader
+    `asearch.web.runtime.web_metrics`; with `cfg.faults` the backends fail some calls on purpose, counted
+    by `asearch.tools.faults.fault_metrics`. A source no tool reads stays open until closed (e.g. the web reader
     with access off)."""
     sources, closers = open_sources(cfg, progress=progress)
+    if cfg.faults is not None:
+        sources, more = inject_faults(sources, cfg.faults)
+        closers = [*closers, *more]
     specs = {spec.name: spec for spec in configurable_tools()}
     tools = {name: specs[name].build(sources, options) for name, options in cfg.enabled_tools().items()}
     return tools, closers

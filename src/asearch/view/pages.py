@@ -17,10 +17,18 @@ from typing import Any
 from urllib.parse import urlencode
 
 from asearch.metrics.horizon import PER_EPISODE_MEANS
+from asearch.metrics.offpolicy import (
+    MASKED_FRAC,
+    MASKED_FRAC_BY_STALENESS,
+    RATIO_HIST,
+    RATIO_LABELS,
+    VERSIONS_BEHIND_HIST,
+    VERSIONS_BEHIND_LABELS,
+)
 from asearch.view.records import TrajectoryRow, outcome_of, split_record, think_text
 from asearch.view.runs import answer_text, kept_edits
 
-__all__ = ["CHARTS", "Chart", "esc"]
+__all__ = ["CHARTS", "STALENESS_CHARTS", "Chart", "esc"]
 
 
 def esc(x: Any) -> str:
@@ -55,11 +63,14 @@ def safe_link(url: Any, text: Any = None) -> str:
 
 @dataclass(frozen=True)
 class Chart:
-    """One panel of training curves: exact metric names, or prefixes ending in "/" (every key below)."""
+    """One panel of training curves: exact metric names, or prefixes ending in "/" (every key below). With
+    `bins`, a histogram logged as one key per bin (`keys[0]` + label): each step's counts are drawn as shares
+    stacked in the bins' order, one band per bin."""
 
     title: str
     keys: tuple[str, ...]
     note: str = ""
+    bins: tuple[str, ...] = ()
 
 
 # Metric names written by `asearch.rl.loop` (`rollout_metrics`, the perf/ block), the trainer and the loss.
@@ -78,6 +89,24 @@ CHARTS: tuple[Chart, ...] = (
     Chart("Loss", ("loss/policy", "loss/approx_kl", "loss/clip_frac")),
     Chart("Errors per step", ("rollout/parse_errors", "rollout/tool_errors", "rollout/no_answer_rate")),
 )
+
+# The staleness lab: what the trainer counts per step (`asearch.rl.trainer`, bins in `asearch.metrics.offpolicy`)
+# and the off-policy correction's own statistics (`asearch.rl.loss`).
+STALENESS_CHARTS: tuple[Chart, ...] = (
+    Chart(
+        "Tokens by versions behind", (VERSIONS_BEHIND_HIST,), "share of the step's generated tokens",
+        bins=VERSIONS_BEHIND_LABELS,
+    ),
+    Chart("Importance ratio π_prox / π_behav", (RATIO_HIST,), "share of the step's generated tokens", bins=RATIO_LABELS),
+    Chart(
+        "Masked by the correction", (MASKED_FRAC, MASKED_FRAC_BY_STALENESS, "loss/truncated_frac"),
+        "share of tokens, overall and by versions behind; tis: share truncated",
+    ),
+    Chart(
+        "Importance weights", ("loss/behav_weight_mean", "loss/is_weight_mean"),
+        "mean π_prox / π_behav; mean weight the loss applies to kept tokens",
+    ),
+)  # fmt: skip
 
 _KIND_LABEL = {
     "train": "train",
@@ -189,27 +218,35 @@ def overview(
         )
     if train:
         runs_json = json.dumps([{"id": r["id"], "name": r["name"]} for r in train])
-        charts = "".join(
-            f'<figure class="chart" data-title="{esc(c.title)}" data-keys="{esc(",".join(c.keys))}">'
-            f"<figcaption>{esc(c.title)}"
-            + (f' <span class="muted">{esc(c.note)}</span>' if c.note else "")
-            + "</figcaption></figure>"
-            for c in CHARTS
-        )
+        lab_keys = "|".join(c.keys[0] for c in STALENESS_CHARTS if c.bins)  # the section shows once a run logs one
         parts.append(
             '<section id="curves"><h1>Training curves</h1>'
             '<div class="chart-controls"><label>x axis <select id="x-axis">'
             '<option value="step">step</option><option value="wall_s">wall time (min)</option></select></label>'
             '<label>smoothing <select id="smooth"><option value="0">none</option><option value="0.6">0.6</option>'
             '<option value="0.9">0.9</option></select></label></div>'
-            f'<div id="charts" class="charts" data-runs="{esc(runs_json)}">{charts}'
+            f'<div id="charts" class="charts" data-runs="{esc(runs_json)}">{"".join(map(_figure, CHARTS))}'
             '<figure class="chart chart-any" data-title="Any metric" data-keys="">'
             '<figcaption>Any metric <select id="any-metric"></select></figcaption></figure>'
-            "</div></section>"
+            "</div>"
+            f'<section id="staleness" hidden data-prefixes="{esc(lab_keys)}"><h2>Staleness and off-policy correction</h2>'
+            '<p class="muted">How far behind the trained policy each step\'s tokens were sampled, how their importance '
+            "ratios spread and what the correction (<code>loss.correction</code>) dropped.</p>"
+            f'<div class="charts">{"".join(map(_figure, STALENESS_CHARTS))}</div></section>'
+            "</section>"
         )
     if evals:
         parts.append(_eval_section(evals, metric, estimate))
     return "".join(parts)
+
+
+def _figure(c: Chart) -> str:
+    bins = f' data-bins="{esc("|".join(c.bins))}"' if c.bins else ""
+    return (
+        f'<figure class="chart" data-title="{esc(c.title)}" data-keys="{esc(",".join(c.keys))}"{bins}>'
+        f"<figcaption>{esc(c.title)}" + (f' <span class="muted">{esc(c.note)}</span>' if c.note else "")
+        + "</figcaption></figure>"
+    )  # fmt: skip
 
 
 def _runs_table(infos: Sequence[Mapping[str, Any]], details: Mapping[str, str]) -> str:

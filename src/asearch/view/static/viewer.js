@@ -243,9 +243,124 @@
     }
   }
 
+  // ------------------------------------------------------------------ histograms over steps (the staleness lab)
+
+  // A figure with data-bins is a histogram logged as one key per bin (data-keys + label). Each run gets a
+  // panel of stacked bands, bottom to top in the bins' order: a band's height at a step is that bin's share
+  // of the step's total.
+  // Diverging for the 9 ratio bins (blue below 1, green around it, red above); fresh to stale for the 5
+  // versions-behind bins.
+  const BIN_COLORS = ["#1e3a8a", "#2563eb", "#0891b2", "#16a34a", "#84cc16",
+                      "#eab308", "#f97316", "#dc2626", "#7f1d1d"];
+  const FEW_BIN_COLORS = ["#1e3a8a", "#0891b2", "#eab308", "#f97316", "#dc2626"];
+  const binColor = (i, n) => (n <= FEW_BIN_COLORS.length ? FEW_BIN_COLORS : BIN_COLORS)[i % BIN_COLORS.length];
+
+  function shareRows(run, prefix, bins, xmode) {
+    const steps = new Map(); // step -> {step, wall, counts}
+    bins.forEach((bin, i) => {
+      const series = run.series.get(prefix + bin);
+      if (!series) return;
+      for (const p of series.values()) {
+        if (!steps.has(p.step)) steps.set(p.step, { step: p.step, wall: p.wall, counts: bins.map(() => 0) });
+        steps.get(p.step).counts[i] = p.v;
+      }
+    });
+    const rows = [];
+    for (const r of [...steps.values()].sort((a, b) => a.step - b.step)) {
+      const total = r.counts.reduce((a, b) => a + b, 0);
+      const x = xmode === "step" ? r.step : (r.wall === null ? NaN : r.wall / 60);
+      if (total > 0 && isFinite(x)) rows.push({ x, step: r.step, total, shares: r.counts.map((c) => c / total) });
+    }
+    return rows;
+  }
+
+  function drawShares(fig) {
+    const xmode = (document.getElementById("x-axis") || {}).value || "step";
+    const prefix = fig.dataset.keys, bins = fig.dataset.bins.split("|");
+    for (const old of fig.querySelectorAll("svg, .legend, .empty, .tip, .run-label")) old.remove();
+    const panels = [];
+    for (const [, run] of runs) {
+      const rows = shareRows(run, prefix, bins, xmode);
+      if (rows.length) panels.push({ run, rows });
+    }
+    if (!panels.length) {
+      fig.appendChild(el("p", "empty", "no data yet"));
+      return;
+    }
+    const tip = el("div", "tip");
+    tip.hidden = true;
+    for (const { run, rows } of panels) {
+      if (runs.size > 1) fig.appendChild(el("div", "run-label muted", run.name));
+      const x0 = rows[0].x, x1 = rows.length > 1 ? rows[rows.length - 1].x : rows[0].x + 1;
+      const sx = (x) => M.l + ((x - x0) / (x1 - x0)) * (W - M.l - M.r);
+      const sy = (y) => H - M.b - y * (H - M.t - M.b);
+      const svg = svgEl("svg", { viewBox: `0 0 ${W} ${H}`, class: "plot", role: "img" });
+      const grid = svgEl("g", { class: "grid" });
+      for (const t of [0, 0.25, 0.5, 0.75, 1]) {
+        const label = svgEl("text", { x: M.l - 6, y: sy(t) + 4, "text-anchor": "end" });
+        label.textContent = Math.round(t * 100) + "%";
+        grid.appendChild(label);
+      }
+      for (const t of ticks(x0, x1, 5)) {
+        const label = svgEl("text", { x: sx(t), y: H - M.b + 16, "text-anchor": "middle" });
+        label.textContent = fmt(t);
+        grid.appendChild(label);
+      }
+      svg.appendChild(grid);
+      const xs = rows.length > 1 ? rows.map((r) => r.x) : [x0, x1]; // one step: a full-width column
+      const at = (j) => (rows.length > 1 ? rows[j] : rows[0]);
+      let below = xs.map(() => 0);
+      bins.forEach((bin, i) => {
+        const above = xs.map((_, j) => below[j] + at(j).shares[i]);
+        const top = xs.map((x, j) => sx(x).toFixed(1) + " " + sy(above[j]).toFixed(1));
+        const bottom = xs.map((x, j) => sx(x).toFixed(1) + " " + sy(below[j]).toFixed(1)).reverse();
+        svg.appendChild(svgEl("path", {
+          d: "M" + top.join(" L") + " L" + bottom.join(" L") + " Z", class: "band",
+          fill: binColor(i, bins.length), "data-bin": bin,
+        }));
+        below = above;
+      });
+      svg.appendChild(svgEl("rect", { x: M.l, y: M.t, width: W - M.l - M.r, height: H - M.t - M.b, class: "frame" }));
+      const cursor = svgEl("line", { class: "cursor", y1: M.t, y2: H - M.b, x1: -10, x2: -10 });
+      svg.appendChild(cursor);
+      svg.addEventListener("mousemove", (ev) => {
+        const box = svg.getBoundingClientRect();
+        const x = x0 + ((ev.clientX - box.left) / box.width * W - M.l) / (W - M.l - M.r) * (x1 - x0);
+        const row = rows.reduce((a, b) => (Math.abs(b.x - x) < Math.abs(a.x - x) ? b : a));
+        cursor.setAttribute("x1", sx(row.x)); cursor.setAttribute("x2", sx(row.x));
+        tip.textContent = "";
+        tip.appendChild(el("b", "", run.name + " · step " + row.step + " · " + fmt(row.total) + " tokens"));
+        bins.forEach((bin, i) => tip.appendChild(el("div", "", bin + ": " + (100 * row.shares[i]).toFixed(1) + "%")));
+        tip.hidden = false;
+        tip.style.left = Math.min((sx(row.x) / W) * box.width + 12, box.width - 180) + "px";
+      });
+      svg.addEventListener("mouseleave", () => { tip.hidden = true; cursor.setAttribute("x1", -10); cursor.setAttribute("x2", -10); });
+      fig.appendChild(svg);
+    }
+    const legend = el("div", "legend");
+    bins.forEach((bin, i) => {
+      const item = el("span", "item");
+      const sw = el("i", "swatch");
+      sw.style.background = binColor(i, bins.length);
+      item.appendChild(sw);
+      item.appendChild(document.createTextNode(bin));
+      legend.appendChild(item);
+    });
+    fig.appendChild(legend);
+    fig.appendChild(tip);
+  }
+
   function drawAll() {
     refreshAnyMetric();
-    for (const fig of document.querySelectorAll("#charts figure.chart")) drawChart(fig);
+    const lab = document.getElementById("staleness");
+    if (lab) { // shown once some run logs one of its histograms
+      const wanted = (lab.dataset.prefixes || "").split("|").filter(Boolean);
+      lab.hidden = ![...runs.values()].some((run) => [...run.series.keys()].some((k) => wanted.some((w) => k.startsWith(w))));
+    }
+    for (const fig of document.querySelectorAll("#curves figure.chart")) {
+      if (fig.dataset.bins) drawShares(fig);
+      else drawChart(fig);
+    }
   }
 
   // ------------------------------------------------------------------ run states

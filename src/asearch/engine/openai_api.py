@@ -1,0 +1,736 @@
+"""OpenAI's API on the engine server: `/v1/chat/completions`, `/v1/completions` and `/v1/models`.
+
+`mount_openai_api(app, server)` adds these routes to the app of `asearch.engine.server`, so any model
+`asearch engine serve` loads answers the official `openai` client, the project's `OpenAIChatClient` (judges,
+synthesis, `ask --engine openai`) and curl. Every choice is one `EngineServer.run`: it joins the engine's
+continuous batch beside `/generate` requests, waits at the same pause / weight-update gate and reuses the
+same prefix cache. Nothing here serialises requests.
+
+    chat messages ── tokenizer's chat template ──┐
+    completion prompt (text or token ids) ────────┴─> prompt ids ─> EngineServer.run, once per choice
+        (resent with its tokens so far after a pause or update aborts it) ─> TextTracker ─> choice text
+
+A choice's text is its tokens decoded without special tokens (vLLM's default). The token that ended it
+(EOS, `stop_token_ids`) is not in it, and it ends before the first stop string: OpenAI drops the stop
+string, and names it in the choice's `stop_reason` (vLLM's field). A stream sends the same text in pieces,
+holding back any tail that could still grow into a stop string, so the pieces add up to the text a
+non-streamed request returns. Log-probs are the sampled tokens' under the distribution they were drawn from
+(after temperature, top-k and top-p), as `/generate` reports them; there are no top alternatives.
+
+Errors have OpenAI's shape, {"error": {"message", "type", "param", "code"}}: 400 for a bad request (a
+setting this server cannot honour is refused, never ignored), 404 `model_not_found` for a `model` other
+than the served name (a request without `model` gets the served one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from asearch.engine.types import GenerateResponse, SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
+
+MAX_CHOICES = 128  # OpenAI's own cap on n
+
+
+class APIError(Exception):
+    """A request error answered in OpenAI's shape; `param` names the request field at fault."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        status_code: int = 400,
+        kind: str = "invalid_request_error",
+        code: str | None = None,
+    ):
+        super().__init__(message)
+        self.param = param
+        self.status_code = status_code
+        self.kind = kind
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
+
+
+class TokenServer(Protocol):
+    """What the routes need of `asearch.engine.server.EngineServer` (a protocol: that module imports this one)."""
+
+    engine: Any  # an engine with a `tokenizer`; `max_seq_len` and `config.vocab_size` are used when present
+    model_path: str
+    served_model_name: str
+    eos_token_ids: list[int]
+    started: float
+
+    async def run(
+        self,
+        ids: list[int],
+        sampling: SamplingParams,
+        *,
+        rid: str = "",
+        on_token: Callable[[int, float], None] | None = None,
+    ) -> tuple[GenerateResponse, str]: ...
+
+
+async def json_body(request: Request) -> dict[str, Any]:
+    """The request's JSON object ({} for an empty body); anything else is a 400."""
+    raw = await request.body()
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError as e:
+        raise APIError(f"the request body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise APIError("the request body must be a JSON object")
+    return data
+
+
+# --------------------------------------------------------------------------- request fields
+
+
+def _number(body: dict[str, Any], name: str, default: float, *, lo: float, hi: float | None = None) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or value < lo
+        or (hi is not None and value > hi)
+    ):
+        bounds = f">= {lo:g}" if hi is None else f"in [{lo:g}, {hi:g}]"
+        raise APIError(f"{name} must be a number {bounds}, got {value!r}", param=name)
+    return float(value)
+
+
+def _integer(body: dict[str, Any], name: str, default: int | None, *, lo: int | None = None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or (lo is not None and value < lo):
+        raise APIError(
+            f"{name} must be an integer{'' if lo is None else f' >= {lo}'}, got {value!r}", param=name
+        )
+    return value
+
+
+def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise APIError(f"{name} must be true or false, got {value!r}", param=name)
+    return value
+
+
+def _token_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+# Settings this server cannot honour: (field, the values it accepts, what to send instead). A request with
+# any other value answers 400 rather than silently sampling differently from what it asked for.
+UNSUPPORTED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("presence_penalty", lambda v: v in (None, 0), "penalties are not supported: send 0"),
+    ("frequency_penalty", lambda v: v in (None, 0), "penalties are not supported: send 0"),
+    ("repetition_penalty", lambda v: v in (None, 1), "penalties are not supported: send 1"),
+    ("min_p", lambda v: v in (None, 0), "min_p is not supported: send 0"),
+    ("logit_bias", lambda v: not v, "logit_bias is not supported"),
+    ("tools", lambda v: not v, "tool calling is not supported: describe tools in the messages"),
+    ("functions", lambda v: not v, "function calling is not supported"),
+    (
+        "response_format",
+        lambda v: v is None or v == {"type": "text"},
+        "only response_format type text is supported",
+    ),
+    ("top_logprobs", lambda v: not v, "top_logprobs is not supported: only the sampled token's log-prob"),
+    ("echo", lambda v: not v, "echo is not supported"),
+    ("suffix", lambda v: not v, "suffix is not supported"),
+)
+
+
+def sampling_params(
+    body: dict[str, Any], *, eos_token_ids: Sequence[int], max_new_default: int
+) -> SamplingParams:
+    """The engine's sampling settings for an OpenAI request body.
+
+    `max_completion_tokens` (or the older `max_tokens`) defaults to `max_new_default`; `stop` is a string or
+    a list; `seed` seeds the choice's random stream. vLLM's extensions `top_k` (-1 or 0: off),
+    `stop_token_ids` and `ignore_eos` are read too. The tokenizer's EOS ends a choice unless `ignore_eos`.
+    """
+    for name, accepted, hint in UNSUPPORTED:
+        if not accepted(body.get(name)):
+            raise APIError(f"{name}={body.get(name)!r}: {hint}", param=name)
+    max_new = _integer(body, "max_completion_tokens", None, lo=1)
+    if max_new is None:
+        max_new = _integer(body, "max_tokens", max_new_default, lo=1)
+    stop = body.get("stop")
+    stop = [stop] if isinstance(stop, str) else stop if stop is not None else []
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise APIError(f"stop must be a string or a list of strings, got {body.get('stop')!r}", param="stop")
+    stop_ids = body.get("stop_token_ids") or []
+    if not _token_ids(stop_ids):
+        raise APIError(f"stop_token_ids must be a list of integers, got {stop_ids!r}", param="stop_token_ids")
+    if not _flag(body, "ignore_eos", False):
+        stop_ids = [*stop_ids, *(t for t in eos_token_ids if t not in stop_ids)]
+    top_p = _number(body, "top_p", 1.0, lo=0.0, hi=1.0)
+    if top_p == 0.0:
+        raise APIError("top_p must be > 0 (use temperature 0 for greedy decoding)", param="top_p")
+    return SamplingParams(
+        temperature=_number(body, "temperature", 1.0, lo=0.0),
+        top_p=top_p,
+        top_k=max(0, _integer(body, "top_k", -1, lo=-1) or 0),
+        max_new_tokens=int(max_new or max_new_default),
+        stop=[s for s in stop if s],
+        stop_token_ids=stop_ids,
+        seed=_integer(body, "seed", None),
+    )
+
+
+@dataclass(slots=True)
+class Options:
+    """How a request wants its answer (beside sampling)."""
+
+    n: int = 1
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a last chunk carries the usage
+    logprobs: bool = False
+    skip_special_tokens: bool = True  # vLLM's extension; special tokens are left out of the text
+
+
+def request_options(body: dict[str, Any], *, chat: bool) -> Options:
+    n = _integer(body, "n", 1, lo=1)
+    assert n is not None
+    if n > MAX_CHOICES:
+        raise APIError(f"n must be at most {MAX_CHOICES}, got {n}", param="n")
+    best_of = body.get("best_of")
+    if best_of not in (None, n):
+        raise APIError(
+            f"best_of={best_of!r} is not supported: leave it out (or send best_of = n)", param="best_of"
+        )
+    if chat:
+        logprobs = _flag(body, "logprobs", False)
+    else:  # completions: an int, the number of alternatives per token beside the sampled one
+        count = _integer(body, "logprobs", None, lo=0)
+        if count:
+            raise APIError(
+                f"logprobs={count}: only the sampled token's log-prob is available, send logprobs=0",
+                param="logprobs",
+            )
+        logprobs = count == 0
+    stream_options = body.get("stream_options") or {}
+    if not isinstance(stream_options, dict):
+        raise APIError("stream_options must be an object", param="stream_options")
+    return Options(
+        n=n,
+        stream=_flag(body, "stream", False),
+        include_usage=_flag(stream_options, "include_usage", False),
+        logprobs=logprobs,
+        skip_special_tokens=_flag(body, "skip_special_tokens", True),
+    )
+
+
+def check_model(body: dict[str, Any], served: str) -> None:
+    model = body.get("model")
+    if model is not None and model != served:
+        raise APIError(
+            f"The model {model!r} does not exist: this server serves {served!r} (GET /v1/models)",
+            param="model",
+            status_code=404,
+            code="model_not_found",
+        )
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+def _message(m: Any, i: int) -> dict[str, str]:
+    """One chat message as the template wants it: {role, content}, text parts joined by newlines."""
+    where = f"messages[{i}]"
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        raise APIError(f"{where} must be an object with a string role, got {m!r}", param=where)
+    content = m.get("content")
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
+                raise APIError(
+                    f"{where}.content[{j}]: only text parts are supported, got {part!r}",
+                    param=f"{where}.content",
+                )
+            texts.append(part["text"])
+        content = "\n".join(texts)
+    elif content is None:  # an assistant turn that only called tools
+        content = ""
+    elif not isinstance(content, str):
+        raise APIError(f"{where}.content must be a string or a list of text parts", param=f"{where}.content")
+    return {"role": m["role"], "content": content}
+
+
+def chat_prompt(tokenizer: PreTrainedTokenizerBase, body: dict[str, Any], served: str) -> list[int]:
+    """The prompt ids of a chat request: its messages rendered with the tokenizer's chat template.
+
+    vLLM's `add_generation_prompt` (default true) and `continue_final_message` (default false: continue the
+    last, assistant message instead of opening a new reply) are honoured; `OpenAIChatEngine` sends them.
+    """
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise APIError("messages must be a non-empty list of {role, content} objects", param="messages")
+    if not getattr(tokenizer, "chat_template", None):
+        raise APIError(
+            f"the model {served!r} has no chat template, so it cannot answer chat requests: "
+            "send a prompt to /v1/completions instead",
+            param="messages",
+        )
+    conversation = [_message(m, i) for i, m in enumerate(messages)]
+    add_generation_prompt = _flag(body, "add_generation_prompt", True)
+    continue_final = _flag(body, "continue_final_message", False)
+    if continue_final and (add_generation_prompt or conversation[-1]["role"] != "assistant"):
+        raise APIError(
+            "continue_final_message needs add_generation_prompt=false and a last message with role assistant",
+            param="continue_final_message",
+        )
+    try:
+        text = tokenizer.apply_chat_template(
+            conversation,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final,
+        )
+    except Exception as e:  # noqa: BLE001 - jinja's TemplateError (roles that must alternate, ...) and kin
+        raise APIError(f"the chat template cannot render these messages: {e}", param="messages") from None
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def completion_prompts(tokenizer: PreTrainedTokenizerBase, body: dict[str, Any]) -> list[list[int]]:
+    """The prompt ids of a completions request: `prompt` is a string, a list of token ids, or a list of
+    either (a batch; its choices are numbered prompt by prompt, n each)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str) or (_token_ids(prompt) and prompt):
+        prompt = [prompt]
+    if not isinstance(prompt, list) or not prompt:
+        raise APIError(
+            "prompt must be a string, a list of token ids, or a non-empty list of either", param="prompt"
+        )
+    out = []
+    for p in prompt:
+        if isinstance(p, str):
+            out.append(list(tokenizer.encode(p, add_special_tokens=True)))
+        elif _token_ids(p):
+            out.append(list(p))
+        else:
+            raise APIError(f"each prompt must be a string or a list of token ids, got {p!r}", param="prompt")
+    return out
+
+
+def check_prompt(ids: list[int], engine: Any, param: str) -> None:
+    """Refuse what the engine could not generate after: no tokens, unknown ids, no room left in the context."""
+    if not ids:
+        raise APIError("the prompt has no tokens", param=param)
+    vocab = getattr(getattr(engine, "config", None), "vocab_size", None)
+    if vocab is not None and (min(ids) < 0 or max(ids) >= vocab):
+        raise APIError(f"token id out of range [0, {vocab}): {min(ids)}..{max(ids)}", param=param)
+    context = getattr(engine, "max_seq_len", None)
+    if context is not None and len(ids) >= context:
+        raise APIError(
+            f"this model's context is {context} tokens (--max-seq-len) and the prompt has {len(ids)}, "
+            "which leaves no room to generate",
+            param=param,
+            code="context_length_exceeded",
+        )
+
+
+# --------------------------------------------------------------------------- text
+
+
+class TextTracker:
+    """One choice's text as its tokens arrive.
+
+    Tokens are decoded incrementally (each new piece decoded with the token before it, so tokenizers that
+    drop a leading space at the start still give it; a character split across tokens waits for its last
+    byte). The text is cut before the first stop string, and `take` releases only what can no longer
+    change: never a tail that could still grow into a stop string, until the choice is done.
+    """
+
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, stops: Sequence[str], *, skip_special_tokens: bool = True
+    ):
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
+        self.stops = [s for s in stops if s]
+        self.text = ""  # everything decoded so far, stop string and what follows it included
+        self.cut: int | None = None  # where the first stop string starts, once one has appeared
+        self.matched: str | None = None  # that stop string
+        self.done = False
+        self._ids: list[int] = []
+        self._prefix = 0  # ids[_prefix:_read] decode to the end of `text`: the context of the next piece
+        self._read = 0
+        self._taken = 0  # text[:_taken] has been released
+
+    @property
+    def content(self) -> str:
+        """The choice's text: up to the first stop string."""
+        return self.text if self.cut is None else self.text[: self.cut]
+
+    def push(self, token_id: int) -> None:
+        self._ids.append(token_id)
+        if self.cut is None:
+            self._decode_new(final=False)
+
+    def finish(self) -> None:
+        if self.cut is None:
+            self._decode_new(final=True)
+        self.done = True
+
+    def take(self) -> str:
+        """The text not yet taken that can no longer change (all of it once done or stopped)."""
+        final = self.done or self.cut is not None
+        end = len(self.content) if final else len(self.text) - self._holdback()
+        piece = self.text[self._taken : end] if end > self._taken else ""
+        self._taken = max(self._taken, end)
+        return piece
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip, clean_up_tokenization_spaces=False)
+
+    def _decode_new(self, *, final: bool) -> None:
+        before = self._decode(self._ids[self._prefix : self._read])
+        now = self._decode(self._ids[self._prefix :])
+        if len(now) <= len(before) or (now.endswith("\ufffd") and not final):
+            return  # no new text yet (a skipped special token, half a character)
+        start = len(self.text)
+        self.text += now[len(before) :]
+        self._prefix, self._read = self._read, len(self._ids)
+        longest = max((len(s) for s in self.stops), default=0)
+        lo = max(0, start - longest + 1)  # a stop string ending in the old text would have been found already
+        hits = [(i, s) for s in self.stops if (i := self.text.find(s, lo)) >= 0]
+        if hits:
+            self.cut, self.matched = min(hits)
+
+    def _holdback(self) -> int:
+        """Length of the longest tail of `text` that is the start of some stop string."""
+        best = 0
+        for s in self.stops:
+            for k in range(min(len(s) - 1, len(self.text)), best, -1):
+                if self.text.endswith(s[:k]):
+                    best = k
+                    break
+        return best
+
+
+# --------------------------------------------------------------------------- choices
+
+
+@dataclass(eq=False)
+class Choice:
+    """One choice of a completion: its prompt, the tokens generated for it and its text."""
+
+    index: int
+    prompt: list[int]
+    tracker: TextTracker
+    ends: frozenset[int]  # stop token ids: the token that ends the choice is not part of its text
+    ids: list[int] = field(default_factory=list)
+    visible: list[tuple[int, float]] = field(default_factory=list)  # (id, log-prob) of the text's tokens
+    finish_reason: Literal["stop", "length"] | None = None
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it (vLLM's field)
+    reported: int = 0  # visible tokens whose log-probs have been written
+    text_offset: int = 0  # completions log-probs: where the next written token starts in the text
+    on_change: Callable[[Choice], None] | None = None  # streaming: called after every token and at the end
+
+    def add(self, token_id: int, logprob: float) -> None:
+        self.ids.append(token_id)
+        if token_id not in self.ends:
+            self.visible.append((token_id, logprob))
+            self.tracker.push(token_id)
+        if self.on_change is not None:
+            self.on_change(self)
+
+    async def run(self, server: TokenServer, sampling: SamplingParams) -> None:
+        """Generate until the choice ends. A pause or weight update that aborts it inside the engine is
+        invisible to an OpenAI client: the prompt and the tokens so far are sent again (they wait at the
+        server's gate), with the budget that is left."""
+        while True:
+            left = dataclasses.replace(sampling, max_new_tokens=sampling.max_new_tokens - len(self.ids))
+            before = len(self.ids)
+            on_token = self.add if self.on_change is not None else None
+            resp, _ = await server.run([*self.prompt, *self.ids], left, on_token=on_token)
+            streamed = len(self.ids) - before
+            for tok, lp in zip(resp.output_ids[streamed:], resp.output_logprobs[streamed:], strict=True):
+                self.add(tok, lp)
+            if resp.stop_reason != "abort" or self.tracker.cut is not None:
+                break
+        self.tracker.finish()
+        if self.tracker.matched is not None:
+            self.finish_reason, self.stop_reason = "stop", self.tracker.matched
+        elif resp.stop_reason == "stop":
+            self.finish_reason = "stop"
+            self.stop_reason = self.ids[-1] if self.ids and self.ids[-1] in self.ends else None
+        else:
+            self.finish_reason = "length"
+        if self.on_change is not None:
+            self.on_change(self)
+
+
+async def run_choices(
+    server: TokenServer, choices: Sequence[Choice], sampling: Sequence[SamplingParams]
+) -> None:
+    """Run every choice concurrently (each one joins the engine's batch); the first failure cancels the rest."""
+    tasks = [asyncio.create_task(c.run(server, sp)) for c, sp in zip(choices, sampling, strict=True)]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+# --------------------------------------------------------------------------- answers
+
+
+@dataclass(eq=False)
+class Completion:
+    """One request's choices and how to write them as a response, stream chunks and usage."""
+
+    chat: bool
+    model: str
+    options: Options
+    tokenizer: Any
+    choices: list[Choice]
+    prompt_tokens: int
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        self.id = self.id or f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
+
+    @property
+    def object(self) -> str:
+        return "chat.completion" if self.chat else "text_completion"
+
+    def usage(self) -> dict[str, int]:
+        completion = sum(len(c.ids) for c in self.choices)
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+        }
+
+    def logprobs(self, choice: Choice, tokens: Sequence[tuple[int, float]]) -> dict[str, Any] | None:
+        if not self.options.logprobs:
+            return None
+        names = [self.tokenizer.decode([t], skip_special_tokens=False) for t, _ in tokens]
+        if self.chat:
+            return {
+                "content": [
+                    {"token": s, "logprob": lp, "bytes": list(s.encode()), "top_logprobs": []}
+                    for s, (_, lp) in zip(names, tokens, strict=True)
+                ]
+            }
+        offsets = []
+        for s in names:
+            offsets.append(choice.text_offset)
+            choice.text_offset += len(s)
+        return {
+            "tokens": names,
+            "token_logprobs": [lp for _, lp in tokens],
+            "top_logprobs": None,
+            "text_offset": offsets,
+        }
+
+    def response(self) -> dict[str, Any]:
+        choices = []
+        for c in self.choices:
+            text = c.tracker.content
+            body: dict[str, Any] = {"index": c.index}
+            body.update({"message": {"role": "assistant", "content": text}} if self.chat else {"text": text})
+            body.update(
+                logprobs=self.logprobs(c, c.visible), finish_reason=c.finish_reason, stop_reason=c.stop_reason
+            )
+            choices.append(body)
+        return {
+            "id": self.id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": self.usage(),
+        }
+
+    def chunk(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> str:
+        body: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        if self.options.include_usage:
+            body["usage"] = usage
+        return f"data: {json.dumps(body)}\n\n"
+
+    def opening(self, c: Choice) -> dict[str, Any]:
+        """The first chunk entry of a streamed chat choice: OpenAI opens each with its role."""
+        return {
+            "index": c.index,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+
+    def delta(self, c: Choice) -> dict[str, Any] | None:
+        """The stream chunk entry for what `c` has new since the last one (None when nothing is)."""
+        text = c.tracker.take()
+        ended = c.finish_reason is not None and c.tracker.done
+        new = c.visible[c.reported :] if self.options.logprobs and (text or ended) else []
+        if not (text or new or ended):
+            return None
+        entry: dict[str, Any] = {"index": c.index, "logprobs": self.logprobs(c, new) if new else None}
+        c.reported += len(new)
+        if self.chat:
+            entry["delta"] = {"content": text} if text else {}
+        else:
+            entry["text"] = text
+        entry["finish_reason"] = c.finish_reason if ended else None
+        if ended:
+            entry["stop_reason"] = c.stop_reason
+        return entry
+
+
+async def stream_events(
+    server: TokenServer, completion: Completion, sampling: Sequence[SamplingParams]
+) -> AsyncIterator[str]:
+    """The server-sent events of a streamed completion: a chunk whenever a choice has new text (or ends),
+    a usage chunk when asked for, then `data: [DONE]`. A client that goes away cancels the generation."""
+    changed: asyncio.Queue[Choice] = asyncio.Queue()
+    for c in completion.choices:
+        c.on_change = changed.put_nowait
+    tasks = {
+        c: asyncio.create_task(c.run(server, sp)) for c, sp in zip(completion.choices, sampling, strict=True)
+    }
+    for c, task in tasks.items():
+        task.add_done_callback(lambda _, c=c: changed.put_nowait(c))  # a failed choice is seen too
+    try:
+        if completion.chat:
+            yield completion.chunk([completion.opening(c) for c in completion.choices])
+        finished: set[int] = set()
+        while len(finished) < len(completion.choices):
+            c = await changed.get()
+            if c.index in finished:  # its last chunk is out; this is its task ending
+                continue
+            task = tasks[c]
+            if task.done() and task.exception() is not None:
+                err = task.exception()
+                if not isinstance(err, APIError):  # a server fault: the status line has gone out already
+                    log.error("a streamed choice failed", exc_info=err)
+                    err = APIError(f"{type(err).__name__}: {err}", status_code=500, kind="server_error")
+                yield f"data: {json.dumps(err.body())}\n\n"
+                break
+            entry = completion.delta(c)
+            if entry is not None:
+                yield completion.chunk([entry])
+                if entry["finish_reason"] is not None:
+                    finished.add(c.index)
+        else:
+            if completion.options.include_usage:
+                yield completion.chunk([], completion.usage())
+        yield "data: [DONE]\n\n"
+    finally:
+        for task in tasks.values():
+            task.cancel()
+
+
+# --------------------------------------------------------------------------- routes
+
+
+def model_card(server: TokenServer) -> dict[str, Any]:
+    return {
+        "id": server.served_model_name,
+        "object": "model",
+        "created": int(server.started),
+        "owned_by": "asearch",
+        "root": server.model_path,
+        "max_model_len": getattr(server.engine, "max_seq_len", None),
+    }
+
+
+async def complete(
+    server: TokenServer, body: dict[str, Any], *, chat: bool
+) -> JSONResponse | StreamingResponse:
+    """Answer one `/v1/chat/completions` (chat) or `/v1/completions` request body."""
+    check_model(body, server.served_model_name)
+    tokenizer = getattr(server.engine, "tokenizer", None)
+    if tokenizer is None:
+        raise APIError("this server's engine has no tokenizer: OpenAI requests need one")
+    options = request_options(body, chat=chat)
+    prompts = (
+        [chat_prompt(tokenizer, body, server.served_model_name)]
+        if chat
+        else completion_prompts(tokenizer, body)
+    )
+    for ids in prompts:
+        check_prompt(ids, server.engine, "messages" if chat else "prompt")
+    context = getattr(server.engine, "max_seq_len", 2048)
+    choices, sampling = [], []
+    for p, ids in enumerate(prompts):
+        sp = sampling_params(body, eos_token_ids=server.eos_token_ids, max_new_default=context - len(ids))
+        for j in range(options.n):  # choices of one prompt differ: each gets its own seed (seed + j)
+            sampling.append(sp if sp.seed is None else dataclasses.replace(sp, seed=sp.seed + j))
+            tracker = TextTracker(tokenizer, sp.stop, skip_special_tokens=options.skip_special_tokens)
+            choices.append(Choice(p * options.n + j, ids, tracker, frozenset(sp.stop_token_ids)))
+    completion = Completion(
+        chat, server.served_model_name, options, tokenizer, choices, sum(map(len, prompts))
+    )
+    if options.stream:
+        return StreamingResponse(stream_events(server, completion, sampling), media_type="text/event-stream")
+    await run_choices(server, choices, sampling)
+    return JSONResponse(completion.response())
+
+
+def mount_openai_api(app: FastAPI, server: TokenServer) -> None:
+    """Add `/v1/chat/completions`, `/v1/completions`, `/v1/models` and `/v1/models/{name}` to `app`
+    (errors are `APIError`s: the app answers them in OpenAI's shape)."""
+
+    async def answer(request: Request, *, chat: bool) -> JSONResponse | StreamingResponse:
+        try:
+            return await complete(server, await json_body(request), chat=chat)
+        except APIError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a server fault, still answered in OpenAI's shape
+            log.exception("%s failed", request.url.path)
+            raise APIError(f"{type(e).__name__}: {e}", status_code=500, kind="server_error") from e
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(request: Request) -> JSONResponse | StreamingResponse:
+        return await answer(request, chat=True)
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(request: Request) -> JSONResponse | StreamingResponse:
+        return await answer(request, chat=False)
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [model_card(server)]})
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str) -> JSONResponse:
+        check_model({"model": name}, server.served_model_name)
+        return JSONResponse(model_card(server))

@@ -1,0 +1,82 @@
+"""Pass-rate-aware sampling: spend generation on the questions whose group will have reward variance.
+
+A group whose samples all got the same reward (every one right, or every one wrong) gives GRPO no
+signal: the controller rejects it and its generation is wasted. The sampler remembers each question's
+last `window` groups and, when the data stream offers a question that was settled in all of them,
+admits it only with probability `recheck`, the floor that re-checks what the policy may since have
+learned or forgotten:
+
+    P(admit q) = recheck   if q's last `window` groups all had zero reward variance
+               = 1         otherwise (a question not yet seen `window` times included)
+
+A skipped question costs no generation; it is counted by cause: `solved` (its last group's pass rate,
+the mean answer score, was at least 1/2) or `unsolved`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter, deque
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+from pydantic import Field
+
+from asearch.config import Config
+
+
+class SamplingConfig(Config):
+    """`rollout.sampling`: which questions the controller spends generation on."""
+
+    pass_rate: bool = Field(
+        False,
+        description="Pass-rate-aware sampling: a question whose last `window` groups all had equal rewards is "
+        "admitted only with probability `recheck`. Needs drop_zero_variance and group_size >= 2.",
+    )
+    window: int = Field(1, ge=1, description="Groups of a question remembered (all must be settled to skip it).")
+    recheck: float = Field(
+        0.2, gt=0.0, le=1.0, description="Probability of admitting a settled question anyway (the re-check floor)."
+    )
+
+
+def question_key(sample: Any) -> Hashable:
+    """What identifies a question across epochs and resumes: its `id` field, else its JSON text."""
+    if isinstance(sample, dict) and isinstance(sample.get("id"), str | int):
+        return sample["id"]
+    return json.dumps(sample, sort_keys=True, default=str)
+
+
+class PassRateSampler:
+    """Decides, question by question, whether the data stream's next question is worth a group."""
+
+    def __init__(self, cfg: SamplingConfig, seed: int = 0, state: dict[str, Any] | None = None):
+        self.cfg = cfg
+        self.rng = random.Random(seed)
+        self.history: dict[Hashable, deque[tuple[bool, float]]] = {}  # key -> (settled, pass rate), oldest first
+        self.skipped: Counter[str] = Counter()
+        if state:
+            self.skipped.update(state.get("skipped", {}))
+            for key, groups in state.get("history", []):
+                self.history[key] = deque(((bool(s), float(p)) for s, p in groups), maxlen=cfg.window)
+
+    def admit(self, sample: Any) -> bool:
+        """True to generate a group for `sample`; False skips it (counted by cause)."""
+        groups = self.history.get(question_key(sample))
+        if groups is None or len(groups) < self.cfg.window or not all(settled for settled, _ in groups):
+            return True
+        if self.rng.random() < self.cfg.recheck:
+            return True
+        self.skipped["solved" if groups[-1][1] >= 0.5 else "unsolved"] += 1
+        return False
+
+    def record(self, sample: Any, rewards: Sequence[float], scores: Sequence[float]) -> None:
+        """A finished group of `sample`: settled when every reward is equal; pass rate = mean score."""
+        settled = max(rewards) - min(rewards) < 1e-9
+        pass_rate = sum(scores) / max(len(scores), 1)
+        groups = self.history.setdefault(question_key(sample), deque(maxlen=self.cfg.window))
+        groups.append((settled, pass_rate))
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able: keys kept with their types as [key, groups] pairs."""
+        return {"skipped": dict(self.skipped), "history": [[k, list(g)] for k, g in self.history.items()]}
