@@ -1,4 +1,5 @@
-"""Fixtures shared across test packages: a tiny random model for the world and real `asearch train` runs."""
+"""Fixtures shared across test packages: a tiny random model for the world, real `asearch train` runs, and a
+search index over a handful of hand-written documents."""
 
 from __future__ import annotations
 
@@ -66,3 +67,38 @@ def train_command() -> Callable[..., list[str]]:
 def subprocess_env() -> dict[str, str]:
     """The environment for the asearch subprocesses of a test: one torch thread each, no hub."""
     return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+
+
+class _MiniCorpus:
+    """(title, text) documents as a corpus source, each at https://mini.example/wiki/<Title>."""
+
+    def __init__(self, name: str, docs: list[tuple[str, str]]):
+        self.name, self.docs = name, docs
+
+    def documents(self):
+        from asearch.corpus.types import Document
+
+        for i, (title, text) in enumerate(self.docs):
+            yield Document(id=str(i), title=title, text=text, url=f"https://mini.example/wiki/{title.replace(' ', '_')}")
+
+    def pages(self):
+        from asearch.corpus.types import Page
+
+        for d in self.documents():
+            yield Page(url=d.url, title=d.title, contents=d.text)
+
+    def fingerprint(self) -> str:
+        return f"{self.name}-v1"
+
+
+def _build_mini_index(out: Path, name: str, docs: list[tuple[str, str]]) -> Path:
+    from asearch.retrieval.index import IndexConfig, build_index
+
+    build_index(_MiniCorpus(name, docs), out, IndexConfig(), progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def build_mini_index() -> Callable[[Path, str, list[tuple[str, str]]], Path]:
+    """`build_mini_index(out, name, docs)`: a BM25 index in `out` over (title, text) documents; returns `out`."""
+    return _build_mini_index

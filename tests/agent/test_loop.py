@@ -9,10 +9,9 @@ import re
 import pytest
 
 from asearch.agent import AgentConfig, Trajectory, run_episode
-from asearch.corpus.types import Document, Page
 from asearch.engine.scripted import ScriptedEngine
 from asearch.models.tiny import train_bpe_tokenizer
-from asearch.retrieval.index import IndexConfig, build_index, open_index
+from asearch.retrieval.index import open_index
 from asearch.tools import AccessTool, SearchTool
 
 DOCS = [
@@ -23,26 +22,9 @@ DOCS = [
 ]
 
 
-class _Source:
-    name = "test-mini"
-
-    def documents(self):
-        for i, (t, x) in enumerate(DOCS):
-            yield Document(id=str(i), title=t, text=x, url=f"https://mini.example/wiki/{t.replace(' ', '_')}")
-
-    def pages(self):
-        for d in self.documents():
-            yield Page(url=d.url, title=d.title, contents=d.text)
-
-    def fingerprint(self):
-        return "mini-v1"
-
-
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    out = tmp_path_factory.mktemp("idx") / "mini"
-    build_index(_Source(), out, IndexConfig(), progress=False)
-    index = open_index(out)
+def world(tmp_path_factory, build_mini_index):
+    index = open_index(build_mini_index(tmp_path_factory.mktemp("idx") / "mini", "test-mini", DOCS))
     tools = {"search": SearchTool(index.retriever("bm25"), {"topk": 2}), "access": AccessTool(index.pages)}
     texts = [x for _, x in DOCS] * 20 + ["<search></search><answer></answer><summary></summary><think></think>"] * 20
     tok = train_bpe_tokenizer(texts, vocab_size=400)

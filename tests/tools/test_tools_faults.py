@@ -15,12 +15,10 @@ from pydantic import ValidationError
 
 from asearch.agent import AgentConfig, run_episode
 from asearch.agent.trajectory import Trajectory
-from asearch.corpus.types import Document, Page
 from asearch.engine.scripted import ScriptedEngine
 from asearch.errors import RemoteError
 from asearch.models.tiny import train_bpe_tokenizer
 from asearch.retrieval.client import RetrievalClient
-from asearch.retrieval.index import IndexConfig, build_index
 from asearch.tools import (
     FaultConfig,
     FaultInjector,
@@ -200,26 +198,9 @@ DOCS = [
 ]
 
 
-class _Mini:
-    name = "faults-mini"
-
-    def documents(self):
-        for i, (t, x) in enumerate(DOCS):
-            yield Document(id=str(i), title=t, text=x, url=f"https://mini.example/wiki/{t.replace(' ', '_')}")
-
-    def pages(self):
-        for d in self.documents():
-            yield Page(url=d.url, title=d.title, contents=d.text)
-
-    def fingerprint(self):
-        return "faults-mini-v1"
-
-
 @pytest.fixture(scope="module")
-def mini_index(tmp_path_factory):
-    out = tmp_path_factory.mktemp("faults") / "mini"
-    build_index(_Mini(), out, IndexConfig(), progress=False)
-    return out
+def mini_index(tmp_path_factory, build_mini_index):
+    return build_mini_index(tmp_path_factory.mktemp("faults") / "mini", "faults-mini", DOCS)
 
 
 def _close(closers) -> None:

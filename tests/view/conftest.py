@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from asearch.agent import AgentConfig, run_episode
-from asearch.corpus.types import Document, Page
 from asearch.engine.scripted import ScriptedEngine
 from asearch.eval.datasets import QARecord
 from asearch.eval.runner import evaluate
@@ -34,7 +33,7 @@ from asearch.metrics.offpolicy import (
 )
 from asearch.metrics.reward import RewardConfig, compute_reward
 from asearch.models.tiny import train_bpe_tokenizer
-from asearch.retrieval.index import IndexConfig, build_index, open_index
+from asearch.retrieval.index import open_index
 from asearch.runs import RunDir
 from asearch.synth import SynthConfig, run_synthesis
 from asearch.synth.graph_backend import GraphBackend
@@ -47,21 +46,6 @@ DOCS = [
     ("Tomas Grell", "Tomas Grell is a painter born in Kettering."),
 ]
 XSS = '<script>window.__xss = 1</script><img src=x onerror="window.__xss = 1">'
-
-
-class _Source:
-    name = "view-mini"
-
-    def documents(self):
-        for i, (t, x) in enumerate(DOCS):
-            yield Document(id=str(i), title=t, text=x, url=f"https://mini.example/wiki/{t.replace(' ', '_')}")
-
-    def pages(self):
-        for d in self.documents():
-            yield Page(url=d.url, title=d.title, contents=d.text)
-
-    def fingerprint(self):
-        return "view-mini-v1"
 
 
 def scripted(query: str, answer: str, note: str, *, sloppy: bool = False):
@@ -97,10 +81,8 @@ WRONG = {0: {"tomas"}, 1: {"tomas", "hq"}}
 
 
 class World:
-    def __init__(self, root: Path):
-        out = root / "index"
-        build_index(_Source(), out, IndexConfig(), progress=False)
-        index = open_index(out)
+    def __init__(self, root: Path, build_mini_index):
+        index = open_index(build_mini_index(root / "index", "view-mini", DOCS))
         self.tools = {
             "search": SearchTool(index.retriever("bm25"), {"topk": 2}),
             "access": AccessTool(index.pages),
@@ -267,9 +249,9 @@ def make_synth_run(path: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def runs_root(tmp_path_factory) -> Path:
+def runs_root(tmp_path_factory, build_mini_index) -> Path:
     tmp = tmp_path_factory.mktemp("view")
-    world = World(tmp)
+    world = World(tmp, build_mini_index)
     root = tmp / "runs"
     demo = root / "demo-seed0"
     rl = make_train_run(world, demo / "rl")

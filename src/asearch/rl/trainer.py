@@ -279,13 +279,15 @@ class PolicyTrainer:
                 continue  # fewer samples than minibatches
             self.optimizer.zero_grad(set_to_none=True)
             for idx in self._micro_batches(samples, mb):
+                first_pass = u < cfg.n_minibatches
                 s, lab_counts = self._micro_batch(
-                    samples, idx, prox, update=(u, updates), policy_version=policy_version, mb_tokens=mb_tokens[k_mb]
-                )
+                    samples, idx, prox, update=(u, updates), policy_version=policy_version, mb_tokens=mb_tokens[k_mb],
+                    count_lab=first_pass,
+                )  # fmt: skip
                 for k, v in s.items():  # every process has the same keys, for the sum below
                     stats[k] = stats.get(k, 0.0) + (v if idx else 0.0)
                 n_stats += bool(idx)
-                if u < cfg.n_minibatches:
+                if lab_counts is not None:
                     lab += lab_counts
             grad_norms.append(self._clip_grad_norm())
             self.optimizer.step()
@@ -304,10 +306,11 @@ class PolicyTrainer:
 
     def _micro_batch(
         self, samples: Sequence[Sample], idx: list[int], prox: dict[int, torch.Tensor], *, update: tuple[int, int],
-        policy_version: int, mb_tokens: float,
-    ) -> tuple[dict[str, float], torch.Tensor]:  # fmt: skip
+        policy_version: int, mb_tokens: float, count_lab: bool,
+    ) -> tuple[dict[str, float], torch.Tensor | None]:  # fmt: skip
         """Forward and backward of one micro-batch (`idx`; [] = the no-op stand-in), its loss scaled by its
-        share of the minibatch's `mb_tokens` loss-mask tokens. Returns the loss stats and the lab's counts."""
+        share of the minibatch's `mb_tokens` loss-mask tokens. Returns the loss stats and, with `count_lab`
+        (the first pass over the samples: each is counted once), the lab's counts."""
         rows = [samples[i] for i in idx] or [_NOOP]
         longest = max(len(s.token_ids) for s in rows)
         logp = sequence_logprobs(self.model, rows, self.temperature, generated_only=True)
@@ -321,6 +324,8 @@ class PolicyTrainer:
         )
         # the no-op stand-in has an all-zero mask: a zero gradient, but every collective runs
         (loss * (mask.sum().item() / max(mb_tokens, 1))).backward()
+        if not count_lab:
+            return stats, None
         versions = _pad([s.versions for s in rows], longest)
         return stats, staleness_lab_counts(prox_lp, behav, mask, versions, policy_version, self.cfg.loss)
 
