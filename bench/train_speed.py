@@ -59,7 +59,7 @@ def demo_samples(n_questions: int):
 def time_sft(new_model, samples, budget: int, steps: int, bf16: bool = False) -> float:
     from asearch.rl.sft import SFTConfig, sft
 
-    cfg = SFTConfig(steps=steps, batch_size=32, token_budget=budget, context_loss_weight=1.0, bf16=bf16)
+    cfg = SFTConfig(steps=steps, batch_size=32, token_budget=budget, context_loss_weight=1.0, dtype="bfloat16" if bf16 else "float32")
     model = new_model()
     sft(model, samples[:64], cfg.model_copy(update={"steps": 1}))  # warm-up
     t0 = time.perf_counter()

@@ -14,47 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from asearch.cli.configs import config_model
 from asearch.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 
 
-def _model(command: str) -> type:
-    """The config model `asearch COMMAND` loads its YAML and overrides into (as the CLI does)."""
-    if command == "ask":
-        from asearch.agent.runtime import RuntimeConfig
-
-        return RuntimeConfig
-    if command == "eval":
-        from asearch.cli.eval import _run_config_model
-
-        return _run_config_model()
-    if command == "train":
-        from asearch.launch.train import TrainConfig
-
-        return TrainConfig
-    if command == "demo":
-        from asearch.demo.pipeline import DemoConfig
-
-        return DemoConfig
-    if command == "index build":
-        from asearch.retrieval.index import IndexConfig
-
-        return IndexConfig
-    if command == "serve":
-        from asearch.retrieval.server import ServerConfig
-
-        return ServerConfig
-    if command == "sim":
-        from asearch.sim.config import SimConfig
-
-        return SimConfig
-    if command == "synth":
-        from asearch.synth.config import SynthConfig
-
-        return SynthConfig
-    raise KeyError(command)
+_model = config_model
 
 
 COMMANDS = ("ask", "eval", "train", "demo", "index build", "serve", "sim", "synth")

@@ -139,3 +139,31 @@ def test_the_long_preset_trains_access_and_reading_turns(tmp_path: Path) -> None
     steps = [json.loads(line) for line in (out / "rl" / "metrics.jsonl").read_text().splitlines()]
     trained = [m for m in steps if "rollout/reward_mean" in m]
     assert trained and all({"rollout/accesses_mean", "rollout/read_turns_mean", "rollout/compactions_mean"} <= set(m) for m in trained)
+
+
+def test_the_demo_trains_a_given_pretrained_model_with_lora(tmp_path: Path, save_world_model) -> None:
+    """`model=DIR` (what `--preset smollm2` does with SmolLM2): that model and its tokenizer are warm-started and
+    trained instead of a tiny one, here with LoRA in SFT and RL; the run ends with a loadable policy directory
+    holding the merged weights and the adapters, and RL checkpoints hold the adapters alone."""
+    pytest.importorskip("peft")
+    given = save_world_model(tmp_path / "given", hidden=32, heads=2, max_positions=512)
+    out = tmp_path / "demo"
+    done = _demo(out, f"model={given}", "sft.lora.r=2", "rl.trainer.lora.r=2")
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said[-3000:]
+    assert f"{given}: its tokenizer" in said and "bpe tokenizer" not in said
+    import torch
+
+    from asearch.models.loading import load_model
+
+    sft_model = load_model(out / "model-sft")
+    start = load_model(given)
+    assert sft_model.config.hidden_size == 32 and not any("lora" in n for n, _ in sft_model.named_parameters())
+    assert not torch.equal(sft_model.model.layers[0].self_attn.q_proj.weight, start.model.layers[0].self_attn.q_proj.weight)
+    assert torch.equal(sft_model.model.embed_tokens.weight, start.model.embed_tokens.weight)  # not a LoRA target
+    policy = out / "rl" / "policy"
+    assert (policy / "adapter" / "adapter_model.safetensors").is_file()
+    load_model(policy)  # the merged weights load as a plain model
+    (ckpt,) = [p for p in sorted((out / "rl" / "checkpoints").glob("step_*"))][-1:]
+    state = torch.load(ckpt / "trainer.pt", map_location="cpu", weights_only=False)
+    assert state["model"] and all("lora_" in k for k in state["model"])

@@ -17,6 +17,30 @@ torch = pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _peaked_vllm_model(seed: int, *, max_positions: int, tie: bool):
+    """(model, tokenizer): a tiny Qwen2 vLLM's CPU backend serves (head_dim 32, its smallest), with weights
+    wider than the default init, so next-token distributions are peaked and seed-specific (a log-prob
+    comparison against near-uniform ones would be weak)."""
+    from asearch.models.tiny import build_tiny_model, train_bpe_tokenizer
+
+    texts = [f"the {w} of city {i} is near the river {w}" for i in range(60) for w in ("capital", "mayor", "bridge")]
+    tok = train_bpe_tokenizer(texts, vocab_size=300)
+    model = build_tiny_model(
+        tok, hidden=64, layers=2, heads=2, kv_heads=1, intermediate=128, max_positions=max_positions, seed=seed, tie=tie
+    )
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.4)
+    return model.eval(), tok
+
+
+@pytest.fixture(scope="session")
+def peaked_vllm_model() -> Callable[..., tuple]:
+    """`peaked_vllm_model(seed, max_positions=, tie=)` -> (model, tokenizer) (see `_peaked_vllm_model`)."""
+    return _peaked_vllm_model
+
+
 @pytest.fixture(scope="session")
 def sglang_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
     """{"v0": (model, dir, tokenizer), "v1": ...}: random tiny Qwen2s with peaked, seed-specific outputs."""

@@ -1,5 +1,6 @@
 """VLLMEngine against a scripted vLLM look-alike on loopback: resends, version tags, the in-transit race,
-retries, routing, missing dev endpoints, and the restart path (the look-alike as a supervised subprocess).
+retries, routing, missing dev endpoints, tied models and the worker extension, and the restart path (the
+look-alike as a supervised subprocess).
 
 The look-alike speaks the subset of vLLM 0.32's HTTP API the engine uses. Its next token is a function of
 the whole context (so a resend must carry the tokens so far) and its log-probs encode which weights made
@@ -48,6 +49,7 @@ class FakeVLLM:
         fail_first: int = 0,
         fail_status: int = 503,
         arrival_delays: tuple[float, ...] = (),
+        worker_extension: bool = False,
     ):
         self.weights_id = weights_id
         self.paused = False
@@ -139,14 +141,21 @@ class FakeVLLM:
                 return {"status": "aborted", "aborted": len(self.running)}
 
             @app.post("/collective_rpc")
-            async def collective_rpc(request: Request) -> dict:
-                body = await request.json()
-                assert body["method"] == "reload_weights"
+            async def collective_rpc(request: Request) -> JSONResponse:
+                method = (await request.json())["method"]
+                reloads = {"reload_weights"} | ({"asearch_reload_weights"} if worker_extension else set())
+                if worker_extension and method == "asearch_extension_version":
+                    self.calls.append("probe")
+                    return JSONResponse({"results": ["1"]})
+                if method not in reloads:  # what vLLM 0.32 answers for a method no worker has
+                    self.calls.append(f"no method:{method}")
+                    message = f"Call to collective_rpc method failed: Method {method!r} is not implemented."
+                    return JSONResponse({"error": {"message": message, "code": 500}}, status_code=500)
                 assert self.paused and not self.running, "weights must change only when nothing runs"
-                path = Path(body["kwargs"]["weights_path"])
-                self.calls.append(f"reload:{path.name}")
+                path = Path((await request.json())["kwargs"]["weights_path"])
+                self.calls.append(f"{'reload' if method == 'reload_weights' else method}:{path.name}")
                 self.weights_id = int((path / "fake_id.txt").read_text())
-                return {"results": [None]}
+                return JSONResponse({"results": [None]})
 
             @app.post("/reset_prefix_cache")
             async def reset_prefix_cache() -> dict:
@@ -376,8 +385,6 @@ def test_bad_weight_sources_are_rejected_before_touching_the_server(serve, tmp_p
             await eng.update_weights(tmp_path / "missing", version=1)
         with pytest.raises(ValueError, match="no config.json"):
             await eng.update_weights(tmp_path / "empty", version=1)
-        with pytest.raises(RemoteError, match="ties its input and output embeddings"):
-            await eng.update_weights(weights_dir(tmp_path, "tied", 1, tie=True), version=1)
         with pytest.raises(ValueError, match="needs GenerateRequest.input_ids"):
             await eng.generate(GenerateRequest(messages=[{"role": "user", "content": "hi"}]))
 
@@ -401,8 +408,35 @@ def test_close_ends_waiting_requests_with_abort(serve) -> None:
     assert resp.stop_reason == "abort" and resp.output_ids == []
 
 
+def test_tied_model_reloads_through_the_worker_extension(serve, tmp_path: Path) -> None:
+    """A tied model reloads in place only on servers that run asearch's worker extension (vLLM's own
+    reload_weights leaves the LM head on the old weights); one without it is refused before any pause."""
+    plain, extended = FakeVLLM(token_delay=0), FakeVLLM(token_delay=0, worker_extension=True)
+    plain_url, ext_url = serve(plain), serve(extended)
+    tied1, tied2 = weights_dir(tmp_path, "tied1", 1, tie=True), weights_dir(tmp_path, "tied2", 2, tie=True)
+
+    async def go():
+        eng = engine(plain_url)
+        with pytest.raises(RemoteError, match="ties its input and output embeddings.*--worker-extension-cls"):
+            await eng.update_weights(tied1, version=1)
+        assert eng.version == 0 and (await eng.generate(req(2))).output_versions == [0, 0]
+        eng = engine(ext_url)
+        await eng.update_weights(tied1, version=1)
+        await eng.update_weights(tied2, version=2)
+        return await eng.generate(req(3))
+
+    after = asyncio.run(go())
+    assert plain.calls == ["no method:asearch_extension_version"]  # refused before pausing anything
+    assert [c for c in extended.calls if c != "abort_requests"] == [
+        "probe",  # asked once per server
+        *["pause:abort", "asearch_reload_weights:tied1", "reset_prefix_cache", "version:1", "resume"],
+        *["pause:abort", "asearch_reload_weights:tied2", "reset_prefix_cache", "version:2", "resume"],
+    ]
+    assert after.output_versions == [2] * 3 and after.output_logprobs == [weights_lp(2)] * 3
+
+
 def test_restart_mechanism_relaunches_supervised_server(tmp_path: Path) -> None:
-    """weight_update='restart' (and tied models) relaunch the server on the new directory."""
+    """weight_update='restart' relaunches the server on the new directory (any model, tied ones too)."""
     d0 = weights_dir(tmp_path, "w0", 0, tie=True)
     d1 = weights_dir(tmp_path, "w1", 7, tie=True)
     port = free_port()
@@ -416,12 +450,15 @@ def test_restart_mechanism_relaunches_supervised_server(tmp_path: Path) -> None:
 
         async def go():
             eng = VLLMEngine(
-                f"http://127.0.0.1:{port}", "m", cfg=VLLMEngineConfig(http=FAST_HTTP), supervisors=[sup]
+                f"http://127.0.0.1:{port}",
+                "m",
+                cfg=VLLMEngineConfig(http=FAST_HTTP, weight_update="restart"),
+                supervisors=[sup],
             )
             before = await eng.generate(req(3))
             pid = sup.pid
             t = time.monotonic()
-            await eng.update_weights(d1, version=4)  # tied -> restart instead of reload
+            await eng.update_weights(d1, version=4)
             took = time.monotonic() - t
             after = await eng.generate(req(3))
             return before, after, pid, took

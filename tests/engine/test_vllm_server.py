@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1500)]
 
 PROMPT = [11, 42, 97, 150, 23, 64]
-TIE = False  # vLLM 0.32 reload_weights mishandles tied embeddings (see VLLMEngine.update_weights)
+TIE = False  # tied models reload through asearch's worker extension: tests/engine/test_vllm_tied_reload.py
 ATOL = 2e-3  # float32 on both sides; CPU attention kernels differ in summation order only
 MAX_LEN = 8192  # the models' positions and the server's context: room for requests that last seconds
 
@@ -30,38 +30,8 @@ MAX_LEN = 8192  # the models' positions and the server's context: room for reque
 # ---------------------------------------------------------------------- fixtures
 
 
-def _tiny(seed: int):
-    from asearch.models.tiny import build_tiny_model, train_bpe_tokenizer
-
-    texts = [
-        f"the {w} of city {i} is near the river {w}"
-        for i in range(60)
-        for w in ("capital", "mayor", "bridge")
-    ]
-    tok = train_bpe_tokenizer(texts, vocab_size=300)
-    # head_dim 32 is the smallest the vLLM CPU attention backend supports.
-    model = build_tiny_model(
-        tok,
-        hidden=64,
-        layers=2,
-        heads=2,
-        kv_heads=1,
-        intermediate=128,
-        max_positions=MAX_LEN,
-        seed=seed,
-        tie=TIE,
-    )
-    # Default init (std 0.02) gives near-uniform next-token distributions, which would make a logprob
-    # comparison weak; wider weights give peaked, seed-specific distributions.
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.4)
-    return model, tok
-
-
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory):
+def models(tmp_path_factory: pytest.TempPathFactory, peaked_vllm_model):
     """Two tiny models with the same shapes and tokenizer but different weights, saved as HF dirs."""
     from asearch.models.tiny import save_tiny
 
@@ -69,7 +39,7 @@ def models(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("vllm-models")
     out = {}
     for name, seed in (("v0", 0), ("v1", 1)):
-        model, tok = _tiny(seed)
+        model, tok = peaked_vllm_model(seed, max_positions=MAX_LEN, tie=TIE)
         out[name] = (model.eval(), save_tiny(model, tok, root / name), tok)
     return out
 
@@ -502,8 +472,8 @@ def test_train_launches_a_vllm_server(
 
     import psutil
 
-    # The shared tiny world model ties its embeddings (reload would restart) and has head_dim 16 (below
-    # vLLM's CPU minimum of 32): this one has the same tokenizer and neither.
+    # The shared tiny world model has head_dim 16 (below vLLM's CPU minimum of 32): this one has the same
+    # tokenizer, head_dim 32 and untied embeddings.
     model_dir = save_world_model(
         tmp_path / "model", hidden=64, heads=2, kv_heads=1, intermediate=128, max_positions=1024, tie=False
     )

@@ -27,7 +27,7 @@ def scripted_runtime(monkeypatch):
 
     built = []
 
-    def build_runtime(cfg, *, progress=True):
+    def build_runtime(cfg, *, progress=True, record_dir=None):
         built.append(cfg)
         tok = CharTokenizer()
         engine = ScriptedEngine(tok, lambda prompt: "<think>sure</think><answer>Paris</answer>")

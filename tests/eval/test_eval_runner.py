@@ -219,6 +219,18 @@ def test_more_passes_later_and_seed_or_config_changes(tmp_path):
     assert sub.written == 0 and sub.datasets["codes"]["n"] == 4 and sub.summary["other_results"] == 12
 
 
+def test_recording_settings_do_not_stop_a_resume(tmp_path):
+    """tools.record (record on/off, a shared dir, a replay) changes no result, so a run resumes across it."""
+    records = make_records(6)
+    tools = lambda record: {"runtime": {"tools": {"corpus": "x", "record": record}}}  # noqa: E731
+    evaluate(make_solve(), records, out_dir=tmp_path, k=1, progress=False, config=tools({"enabled": True}))
+    more = evaluate(make_solve(), records, out_dir=tmp_path, k=2, progress=False, config=tools({"enabled": False}))
+    assert (more.resumed, more.written) == (6, 6)
+    other = {"runtime": {"tools": {"corpus": "y", "record": {"enabled": False}}}}
+    with pytest.raises(ConfigError, match=r"differs in: runtime.tools.corpus\)"):
+        evaluate(make_solve(), records, out_dir=tmp_path, k=2, progress=False, config=other)
+
+
 def test_shards_partition_the_questions_and_merge(tmp_path):
     records = make_records(40)
     parts = [shard_records(records, (i, 3)) for i in range(3)]

@@ -61,6 +61,9 @@ def test_kill_9_then_resume_trains_every_step_once_and_loses_nothing(
     assert all(a["wall_s"] <= b["wall_s"] for a, b in zip(rows, rows[1:], strict=False))
     # the staleness bound held in every trained batch, before and after the kill
     assert max(r["rollout/staleness_max"] for r in rows) <= ETA
+    # the in-process engine's work per step is in every row (a step may find its batch already generated)
+    assert all(r["engine/requests_finished"] >= 0 for r in rows)
+    assert sum(r["engine/tokens_generated"] for r in rows) >= 10 * B * N  # every trained episode generated >= 1
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 10 and summary["policy_version"] == 10
 

@@ -72,10 +72,10 @@ def test_bf16_autocast_gives_the_same_first_loss_and_learns(model_and_samples):
     cfg = SFTConfig(steps=1, batch_size=2)
     exact = sft(copy.deepcopy(model), samples, cfg)[0]
     m = copy.deepcopy(model)
-    fast = sft(m, samples, cfg.model_copy(update={"bf16": True}))[0]
+    fast = sft(m, samples, cfg.model_copy(update={"dtype": "bfloat16"}))[0]
     assert fast == pytest.approx(exact, rel=2e-2) and fast != exact
     assert all(p.dtype == torch.float32 for p in m.parameters())
-    losses = sft(copy.deepcopy(model), samples, SFTConfig(steps=30, batch_size=2, optim=HIGH_LR, bf16=True))
+    losses = sft(copy.deepcopy(model), samples, SFTConfig(steps=30, batch_size=2, optim=HIGH_LR, dtype="bfloat16"))
     assert losses[-1] < 0.5 * losses[0]
 
 

@@ -177,7 +177,9 @@ class _Episode:
             self.traj.answer = action.argument
             self.traj.finish = "answer"
             return False
-        await self._call_tool(turn, action)
+        if await self._call_tool(turn, action):  # a tool that ends the episode, like synthesis's stop
+            self.traj.answer, self.traj.finish = action.argument, "answer"
+            return False
         return True
 
     def _plan_turn(self) -> _TurnPlan:
@@ -262,13 +264,15 @@ class _Episode:
             return None
         return action
 
-    async def _call_tool(self, turn: Turn, action: Action) -> None:
-        """Run the action's tool; its result is read block by block (or shown at once)."""
+    async def _call_tool(self, turn: Turn, action: Action) -> bool:
+        """Run the action's tool; its result is read block by block (or shown at once). True when the tool
+        ends the episode (`metadata["ends_episode"]`): its argument then stands as the episode's answer."""
         kind, argument = action.kind or "", action.argument
         self.actions_done += 1
         tool = self.tools.get(kind)
         self.traj.count(tool_counter(tool) if tool is not None else kind)
         self.ctx.note(f"<{kind}>{argument}</{kind}>")
+        ends = False
         if tool is None:
             turn.tool_error = f"tool {kind!r} is not configured for this agent"
             obs_text, blocks = turn.tool_error, None
@@ -278,6 +282,7 @@ class _Episode:
             turn.tool_latency_s = time.perf_counter() - t1
             turn.tool_error = obs.error
             obs_text, blocks = obs.text, obs.metadata.get("chunks")
+            ends = bool(obs.metadata.get("ends_episode"))
             if obs.metadata.get("fault") == "infrastructure":  # not the model's doing: the episode gets masked
                 self.traj.count_infra_fault(obs.metadata["error"])
         if turn.tool_error:
@@ -288,6 +293,7 @@ class _Episode:
             self.pending_blocks.extend(blocks or [obs_text])
         else:
             self.ctx.observe(self.ctx.as_user_turn(self.style.observation_template.format(text=obs_text)))
+        return ends
 
 
 def _report_turns(traj: Trajectory, on_turn: Callable[[Turn], None] | None, shown: int) -> int:

@@ -7,6 +7,7 @@ The tools search a local corpus / index, a retrieval server, or the open web (`t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field
@@ -55,8 +56,9 @@ def apply_model_style_default(cfg: RuntimeConfig) -> str | None:
     return f"{cfg.engine.model}: using the 'guided' agent style (set agent.style or --style to override)"
 
 
-def build_runtime(cfg: RuntimeConfig, *, progress: bool = True) -> Runtime:
-    """Everything one agent needs. Call `await runtime.close()` when done."""
-    tools, closers = build_tools(cfg.tools, progress=progress)
+def build_runtime(cfg: RuntimeConfig, *, progress: bool = True, record_dir: Path | None = None) -> Runtime:
+    """Everything one agent needs; the tools' answers are recorded in `record_dir` (see `build_tools`). Call
+    `await runtime.close()` when done."""
+    tools, closers = build_tools(cfg.tools, progress=progress, record_dir=record_dir)
     engine, tokenizer = build_engine(cfg.engine)
     return Runtime(engine, tokenizer, tools, cfg.agent, [*closers, engine.close])

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import typer
 from rich.markup import escape
 
 from asearch import __version__
-from asearch.cli import ask, corpus, index, serve, sim, synth, train
+from asearch.cli import ask, configs, corpus, index, serve, sim, synth, train
 from asearch.cli import engine as engine_cli
 from asearch.cli import eval as eval_cli
 from asearch.cli import view as view_cli
@@ -32,6 +35,7 @@ app.command("view")(view_cli.view)
 app.add_typer(eval_cli.app, name="eval")
 app.add_typer(eval_cli.data_app, name="data")
 app.add_typer(synth.app, name="synth")
+app.add_typer(configs.app, name="config")
 
 
 @app.command()
@@ -41,6 +45,8 @@ def version() -> None:
 
 
 def main() -> None:
+    if not sys.stderr.isatty():  # a log file gets no tqdm bars from transformers / huggingface_hub (one per line)
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         app()
     except AsearchError as e:

@@ -8,21 +8,28 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from asearch.cli.console import console, from_options, progress
+from asearch.cli.console import CORPUS_OPTION_HELP, console, corpus_spec, from_options, make_console, progress
 from asearch.corpus import CORPUS_SPEC_HELP, ChunkConfig, ChunkStats, iter_passages, open_corpus, write_jsonl
 from asearch.corpus.types import CorpusSource, Page
-from asearch.errors import AsearchError
+from asearch.errors import AsearchError, ConfigError
 
-app = typer.Typer(help="Inspect, export and browse corpora.", no_args_is_help=True)
+app = typer.Typer(
+    help="Inspect, export and browse corpora. The corpus is the first argument or --corpus SPEC, as in "
+    "`asearch index build --corpus SPEC` and `asearch ask --corpus SPEC`.",
+    no_args_is_help=True,
+)
 
-stdout = Console()
+stdout = make_console(stderr=False)
 T = TypeVar("T")
 
-SpecArg = Annotated[str, typer.Argument(help=CORPUS_SPEC_HELP[0].upper() + CORPUS_SPEC_HELP[1:] + ".")]
+SpecArg = Annotated[
+    str | None,
+    typer.Argument(help=CORPUS_SPEC_HELP[0].upper() + CORPUS_SPEC_HELP[1:] + " (or --corpus SPEC).", show_default=False),
+]
+CorpusOpt = Annotated[str | None, typer.Option("--corpus", help=CORPUS_OPTION_HELP, show_default=False)]
 WordsOpt = Annotated[int, typer.Option("--words", help="Words per passage.")]
 OverlapOpt = Annotated[int, typer.Option("--overlap", help="Words repeated from the previous passage.")]
 
@@ -75,7 +82,8 @@ def corpus_info(source: CorpusSource, cfg: ChunkConfig) -> dict[str, Any]:
 
 @app.command()
 def info(
-    spec: SpecArg,
+    spec: SpecArg = None,
+    corpus: CorpusOpt = None,
     words: WordsOpt = ChunkConfig().words,
     overlap: OverlapOpt = ChunkConfig().overlap,
     as_json: Annotated[
@@ -84,7 +92,7 @@ def info(
 ) -> None:
     """Count documents, passages (at the given chunking), words and pages; print the fingerprint and licence."""
     cfg = _chunk_config(words, overlap)
-    result = corpus_info(open_corpus(spec), cfg)
+    result = corpus_info(open_corpus(corpus_spec(spec, corpus, usage="asearch corpus info SPEC")), cfg)
     if as_json:
         print(json.dumps(result, ensure_ascii=False))
         return
@@ -109,10 +117,11 @@ def _records(source: CorpusSource, what: str, cfg: ChunkConfig) -> Iterator[dict
 
 @app.command()
 def export(
-    spec: SpecArg,
     out: Annotated[
         Path, typer.Option("--out", "-o", help="Output jsonl file (written atomically).", dir_okay=False)
     ],
+    spec: SpecArg = None,
+    corpus: CorpusOpt = None,
     what: Annotated[
         Literal["passages", "pages", "documents"],
         typer.Option(
@@ -126,7 +135,7 @@ def export(
 ) -> None:
     """Write a corpus as jsonl (passages, pages or documents) and print how many records were written."""
     cfg = _chunk_config(words, overlap)
-    source = open_corpus(spec)
+    source = open_corpus(corpus_spec(spec, corpus, usage="asearch corpus export SPEC --out FILE"))
     total = _size_hint(source) if what != "passages" else None
     n = write_jsonl(out, _counted(_records(source, what, cfg), f"export {what}", total))
     stdout.print(f"wrote {n:,} {what} of {escape(source.name)} to {escape(str(out))}")
@@ -159,10 +168,19 @@ def find_page(source: CorpusSource, query: str) -> Page:
 
 @app.command()
 def show(
-    spec: SpecArg,
-    query: Annotated[str, typer.Argument(help="A page url or title (exact, else case-insensitive).")],
+    spec: SpecArg = None,
+    query: Annotated[
+        str | None,
+        typer.Argument(help="A page url or title (exact, else case-insensitive).", show_default=False),
+    ] = None,
+    corpus: CorpusOpt = None,
 ) -> None:
-    """Print the page whose url or title matches QUERY."""
-    page = find_page(open_corpus(spec), query)
+    """Print the page whose url or title matches QUERY (`asearch corpus show SPEC QUERY` or
+    `asearch corpus show --corpus SPEC QUERY`)."""
+    if corpus is not None and query is None:  # `show --corpus SPEC QUERY`: the one argument is the query
+        spec, query = None, spec
+    if not query:
+        raise ConfigError("give a page url or title: `asearch corpus show SPEC QUERY`")
+    page = find_page(open_corpus(corpus_spec(spec, corpus, usage="asearch corpus show SPEC QUERY")), query)
     stdout.print(f"[bold]{escape(page.title)}[/bold]  [dim]{escape(page.url)}[/dim]\n")
     print(page.contents)

@@ -42,9 +42,13 @@ def serve(
         int, typer.Option(min=1, help="Requests decoded together; more wait in a queue.")
     ] = 64,
     max_seq_len: Annotated[int, typer.Option(min=2, help="Prompt + output tokens per request.")] = 2048,
+    device: Annotated[
+        str, typer.Option(help="auto (a CUDA GPU when torch sees one, else the CPU) | cpu | cuda | cuda:N.")
+    ] = "auto",
     dtype: Annotated[
-        Literal["float32", "bfloat16"], typer.Option(help="Weights, activations and KV cache.")
-    ] = "float32",
+        Literal["auto", "float32", "bfloat16", "float16"],
+        typer.Option(help="Weights, activations and KV cache (auto: bfloat16 on a GPU, float32 on a CPU)."),
+    ] = "auto",
     prefix_cache_mb: Annotated[
         float, typer.Option(min=0, help="KV kept between turns (0 disables).")
     ] = 256.0,
@@ -89,6 +93,7 @@ def serve(
         threads=threads,
         max_batch=max_batch,
         max_seq_len=max_seq_len,
+        device=device,
         dtype=dtype,
         prefix_cache_mb=prefix_cache_mb,
         seed=seed,

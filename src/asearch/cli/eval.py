@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -121,8 +122,31 @@ def eval_command(
     judge_url: Annotated[
         str | None, typer.Option("--judge-url", help="OpenAI-compatible judge base url.")
     ] = None,
-    judge_model: Annotated[str | None, typer.Option("--judge-model", help="Judge model name.")] = None,
+    judge: Annotated[
+        str | None,
+        typer.Option(
+            "--judge",
+            help="local: serve the judge model (--judge-model, default smollm2-135m-instruct) for this run "
+            "with `asearch engine serve` on a free loopback port, stopped at the end.",
+        ),
+    ] = None,
+    judge_model: Annotated[
+        str | None,
+        typer.Option(
+            "--judge-model",
+            help="Judge model: the name the --judge-url endpoint serves, or with --judge local a directory, "
+            "Hugging Face name or alias.",
+        ),
+    ] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
+    replay: Annotated[
+        Path | None,
+        typer.Option(
+            "--replay",
+            help="Answer every search/access from RUN_DIR's tool record only, calling no backend; misses are "
+            "refused and counted (docs/replay.md).",
+        ),
+    ] = None,
     allow_empty: Annotated[
         bool, typer.Option("--allow-empty", help="Accept a dataset file without questions (runs nothing).")
     ] = False,
@@ -136,7 +160,7 @@ def eval_command(
     --judge-model Qwen2.5-72B-Instruct`; `asearch eval --out runs/eval/x --aggregate-only`.
     """
     from asearch.config import dump_config, load_config
-    from asearch.eval.config import build_judge, default_out_dir
+    from asearch.eval.config import build_judge, default_out_dir, local_judge_server
     from asearch.eval.runner import aggregate_only, parse_shard
 
     seed_list = _parse_seeds(seeds) if seeds else None
@@ -155,6 +179,14 @@ def eval_command(
         flags.append(f"eval.judge.url={json.dumps(judge_url)}")
     if judge_model:
         flags.append(f"eval.judge.model={json.dumps(judge_model)}")
+    if judge is not None:
+        if judge != "local":
+            raise ConfigError(
+                f"--judge: the only value is 'local' (got {judge!r}); a server you run is --judge-url URL"
+            )
+        flags.append("eval.judge.local=true")
+    if replay is not None:
+        flags.append(f"tools.record.replay={json.dumps(str(replay))}")
 
     if aggregate:  # only eval.out / eval.datasets matter: skip importing (and validating) the agent runtime
         light = load_config(_aggregate_config_model(), config, [*(overrides or []), *flags])
@@ -167,6 +199,7 @@ def eval_command(
     cfg = load_config(_run_config_model(), config, [*(overrides or []), *flags])
     if note := apply_model_style_default(cfg):
         console.print(f"[dim]{escape(note)}[/dim]")
+    greedy_when_one_pass(cfg)
     e = cfg.eval
     run_dir = e.out or default_out_dir(e.datasets)
     records = _load_records(e, allow_empty=allow_empty)
@@ -174,16 +207,26 @@ def eval_command(
         f"[bold]eval[/bold] {len(records)} questions from {', '.join(map(escape, e.datasets))}; k={e.k}, "
         f"shard {e.shard}, concurrency {e.concurrency} -> {escape(str(run_dir))}"
     )
+    if not records:  # --allow-empty: an empty dataset is what was asked for, and there is nothing to run
+        console.print("no questions to evaluate (--allow-empty): nothing was run")
+        return
     _warn_corpus_mismatch(records, cfg.tools)
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run_dir / "eval_config.yaml")
 
     from asearch.agent.runtime import RuntimeConfig, build_runtime
     from asearch.eval.runner import agent_solver, evaluate_async
+    from asearch.tools.replay import RECORD_DIR
 
     runtime_cfg = RuntimeConfig.model_validate(cfg.model_dump(include={"engine", "tools", "agent"}))
-    runtime = build_runtime(runtime_cfg, progress=progress)
-    judge, judge_client = build_judge(e.judge)
+    runtime = build_runtime(runtime_cfg, progress=progress, record_dir=run_dir / RECORD_DIR)
+    # judge.local: the judge model's own server, healthy before the first question, stopped in run()'s finally
+    judge_server = contextlib.ExitStack()
+    judge_url = judge_server.enter_context(local_judge_server(e.judge, log_path=run_dir / "judge_server.log"))
+    if judge_url:
+        console.print(f"judge: {escape(e.judge.model_name)} served at {escape(judge_url)} "
+                      f"(log: {escape(str(run_dir / 'judge_server.log'))})")  # fmt: skip
+    llm_judge, judge_client = build_judge(e.judge, url=judge_url)
 
     async def run() -> Any:
         try:
@@ -195,7 +238,7 @@ def eval_command(
                 seeds=e.seeds,
                 concurrency=e.concurrency,
                 shard=parse_shard(e.shard),
-                judge=judge,
+                judge=llm_judge,
                 progress=progress,
                 # the agent's identity: resuming into this dir with another engine/tools/agent is refused
                 config={
@@ -205,12 +248,13 @@ def eval_command(
                 max_failures=e.max_failures,
             )
         finally:
-            await runtime.close()
-            closer = getattr(judge_client, "aclose", None) or getattr(judge_client, "close", None)
-            if closer is not None:
-                res = closer()
-                if hasattr(res, "__await__"):
-                    await res
+            with judge_server:  # stops a local judge server even when closing the runtime raises
+                await runtime.close()
+                closer = getattr(judge_client, "aclose", None) or getattr(judge_client, "close", None)
+                if closer is not None:
+                    res = closer()
+                    if hasattr(res, "__await__"):
+                        await res
 
     summary = asyncio.run(run())
     _print_summary(summary.summary, summary.out_dir)
@@ -221,6 +265,16 @@ def eval_command(
             "run the same command again to retry them"
         )
         raise typer.Exit(1)
+    if summary.summary["overall"]["n"] == 0 and records:  # asked to score questions, scored none
+        console.print(f"[red]no question was scored[/red]: shard {e.shard} holds none of the {len(records)} questions")
+        raise typer.Exit(1)
+
+
+def greedy_when_one_pass(cfg: Any) -> None:
+    """One pass per question (k=1) scores one sample, so it decodes greedily unless the config sets
+    `agent.temperature`; with k > 1 the agent's own default (1.0) samples k different answers for Pass@k."""
+    if cfg.eval.k == 1 and "temperature" not in cfg.agent.model_fields_set:
+        cfg.agent.temperature = 0.0
 
 
 def _parse_seeds(seeds: str) -> list[int]:

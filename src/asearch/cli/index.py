@@ -12,7 +12,14 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from asearch.cli.console import ConfigOption, OverridesArg, console
+from asearch.cli.console import (
+    CORPUS_OPTION_HELP,
+    ConfigOption,
+    console,
+    corpus_spec,
+    overrides_argument,
+    split_corpus_from_overrides,
+)
 
 app = typer.Typer(help="Build, inspect and query retrieval indexes.", no_args_is_help=True)
 
@@ -23,8 +30,8 @@ def _mb(n_bytes: int) -> str:
 
 @app.command()
 def build(
-    corpus: Annotated[str, typer.Option("--corpus", help="'wiki10k', 'world', 'world:7', or a .jsonl path.")],
     out: Annotated[Path, typer.Option("--out", help="Index directory to create.", file_okay=False)],
+    corpus: Annotated[str | None, typer.Option("--corpus", help=CORPUS_OPTION_HELP, show_default=False)] = None,
     dense: Annotated[bool, typer.Option("--dense", help="Also build a dense (faiss) index.")] = False,
     dense_model: Annotated[
         str | None,
@@ -35,20 +42,26 @@ def build(
         bool, typer.Option("--allow-empty", help="Build an index of a corpus without passages (else an error).")
     ] = False,
     config: ConfigOption = None,
-    overrides: OverridesArg = None,
+    overrides: Annotated[list[str] | None, overrides_argument("chunk.words=80 bm25.stemmer=null", corpus=True)] = None,
 ) -> None:
-    """Stream a corpus into passages + BM25 (+ dense) and write the index directory atomically."""
+    """Stream a corpus into passages + BM25 (+ dense) and write the index directory atomically.
+
+    The corpus is --corpus SPEC or the first argument that is not an override, as in `asearch corpus info`:
+    `asearch index build --corpus world --out DIR` = `asearch index build world --out DIR`.
+    """
     from asearch.config import load_config
     from asearch.corpus import open_corpus
     from asearch.retrieval.dense import DenseConfig
     from asearch.retrieval.index import IndexConfig, build_index, index_size_bytes, read_manifest
 
-    cfg = load_config(IndexConfig, config, overrides or [])
+    positional, overrides = split_corpus_from_overrides(overrides or [])
+    spec = corpus_spec(positional, corpus, usage="asearch index build --corpus SPEC --out DIR")
+    cfg = load_config(IndexConfig, config, overrides)
     if (dense or dense_model) and cfg.dense is None:
         cfg.dense = DenseConfig()
     if dense_model and cfg.dense is not None:
         cfg.dense.model = dense_model
-    source = open_corpus(corpus, allow_empty=allow_empty)
+    source = open_corpus(spec, allow_empty=allow_empty)
     command = (
         shlex.join(["asearch", "index", *sys.argv[sys.argv.index("build") :]])
         if "build" in sys.argv

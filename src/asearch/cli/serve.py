@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.panel import Panel
 
-from asearch.cli.console import ConfigOption, OverridesArg, console, from_options
+from asearch.cli.console import ConfigOption, console, from_options, overrides_argument
 from asearch.config import load_config
 
 
@@ -24,7 +24,7 @@ def serve(
     port: Annotated[int | None, typer.Option(help="TCP port (default 8000).")] = None,
     method: Annotated[Literal["bm25", "dense", "hybrid"], typer.Option(help="Retrieval method.")] = "bm25",
     config: ConfigOption = None,
-    overrides: OverridesArg = None,
+    overrides: Annotated[list[str] | None, overrides_argument("max_batch=128 default_topk=5")] = None,
 ) -> None:
     """Serve an index over HTTP: Search-R1/ASearcher-compatible /retrieve and /access, plus /health, /stats."""
     from asearch.net import free_port, is_loopback

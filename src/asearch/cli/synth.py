@@ -17,6 +17,7 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from asearch.cli.console import OverridesArg, console, progress
+from asearch.errors import AsearchError
 
 
 class _RunByDefault(TyperGroup):
@@ -49,8 +50,12 @@ def run(
 ) -> None:
     """Run (or resume) a synthesis: writes questions.jsonl, attempts.jsonl and filter_report.{json,md}.
 
+    Exits non-zero when a server it calls cannot be reached (before any seed starts) or when no question
+    was written.
+
     Examples: `asearch synth configs/synth-world.yaml --out runs/synth/world0`;
-    `asearch synth configs/synth-llm.yaml llm.generator.base_url=http://127.0.0.1:8000/v1`.
+    `asearch synth configs/synth-llm.yaml llm.generator.base_url=http://127.0.0.1:8000/v1`;
+    `asearch synth configs/synth-agent.yaml` (an agent picks each edit; docs/synthesis.md).
     Killed, the same command continues where it stopped.
     """
     from asearch.config import load_config
@@ -68,6 +73,9 @@ def run(
 
         summary = run_synthesis(cfg, out_dir, log=console.print, on_progress=on_progress)
     _print_summary(summary.report, summary.out_dir)
+    empty = summary.why_empty()
+    if empty is not None:  # a run that produced nothing is a failure, whatever the reason
+        raise AsearchError(empty)
 
 
 @app.command("report")

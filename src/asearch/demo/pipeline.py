@@ -126,6 +126,12 @@ class DemoConfig(Config):
     )
     heldout_questions: int = Field(300, description="Held-out questions for the accuracy before and after RL.")
     heldout_during_rl: int = Field(100, description="Held-out questions evaluated periodically during RL.")
+    model: str | None = Field(
+        None,
+        description="A pretrained model (HF directory, name or alias such as smollm2-135m-instruct) to warm-start "
+        "and train instead of the tiny one: its own tokenizer is used (`tokenizer`, `vocab_size`, `hidden`, "
+        "`layers`, `heads`, `max_positions` are ignored).",
+    )
     tokenizer: Literal["bpe", "word"] = Field(
         "bpe",
         description="'word': one token per word, number, tag or punctuation mark seen in the training worlds "
@@ -181,7 +187,7 @@ class DemoConfig(Config):
     )
     sft: SFTConfig = Field(
         default_factory=lambda: SFTConfig(
-            steps=1200, batch_size=32, token_budget=2048, context_loss_weight=1.0, context_tokens="repeated", bf16=False,
+            steps=1200, batch_size=32, token_budget=2048, context_loss_weight=1.0, context_tokens="repeated",
             optim=OptimConfig(lr=3e-3, weight_decay=0.01, warmup_steps=20, schedule="cosine", min_lr_ratio=0.1),
         ),
         description="The supervised warm start on the expert episodes.",
@@ -433,7 +439,8 @@ def _supervised_start(cfg: DemoConfig, layout: _Layout, run: RunDir, log) -> dic
     jobs.append(job(layout.heldout_seed, cfg.heldout_entities, cfg.heldout_questions, "world-heldout", layout.heldout_tools))
     # long pages: the tokenizer learns from expert episodes on its worlds, so those need their indexes
     tokenizer_tools = lambda seed: _tools_over(cfg, seed) if cfg.pages == "long" else None  # noqa: E731
-    jobs += [job(seed, cfg.world_entities, 300, "world-tokenizer", tokenizer_tools(seed), False) for seed in layout.tokenizer_seeds] if cfg.tokenizer == "bpe" else []
+    fits_bpe = cfg.tokenizer == "bpe" and cfg.model is None
+    jobs += [job(seed, cfg.world_entities, 300, "world-tokenizer", tokenizer_tools(seed), False) for seed in layout.tokenizer_seeds] if fits_bpe else []
     with worker_pool(cfg.setup_threads) as pmap:
         prepared = pmap(prepare_world, jobs)
         n_train = len(layout.train_seeds)
@@ -451,10 +458,14 @@ def _supervised_start(cfg: DemoConfig, layout: _Layout, run: RunDir, log) -> dic
         write_jsonl(data_dir / "heldout_small.jsonl", (r.to_jsonl_dict() for r in heldout_records[:: max(1, len(heldout_records) // cfg.heldout_during_rl)][: cfg.heldout_during_rl]))
         log(f"      {len(train_records)} expert (SFT), {len(rl_records)} RL and {len(heldout_records)} held-out questions (hops {cfg.hops}), indexes built")
 
-        # ---- 2. tokenizer and tiny model
+        # ---- 2. tokenizer and model: the tiny one built here, or a pretrained one loaded
         # The tokenizer learns from other worlds, to which training and held-out names are equally foreign
         # (fit on the training world, copying learned on its names would not carry over; docs/demo.md).
-        if cfg.tokenizer == "word":  # the training worlds' own words (the shared name pool, the page keys) and
+        if cfg.model is not None:
+            from asearch.models.loading import load_model, load_tokenizer
+
+            tokenizer, model = load_tokenizer(cfg.model), load_model(cfg.model)
+        elif cfg.tokenizer == "word":  # the training worlds' own words (the shared name pool, the page keys) and
             # the loop's exact texts: expert episodes through it with a byte tokenizer (no merges: nothing to fit)
             byte_tok = train_bpe_tokenizer([], vocab_size=300)
             texts = _expert_texts(byte_tok, per_world[0][:300], build_tools(layout.train_tools[0], progress=False), layout.agent, cfg)
@@ -474,10 +485,12 @@ def _supervised_start(cfg: DemoConfig, layout: _Layout, run: RunDir, log) -> dic
                 vocab_size=cfg.vocab_size,
                 whole_numbers=cfg.whole_numbers,
             )
-        model = build_tiny_model(tokenizer, hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads, max_positions=cfg.max_positions, seed=cfg.seed)
+        if cfg.model is None:
+            model = build_tiny_model(tokenizer, hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads, max_positions=cfg.max_positions, seed=cfg.seed)
         model.set_attn_implementation(cfg.attention)
         unknown = _unknown_words(tokenizer, world(layout.heldout_seed, cfg.heldout_entities))
-        log(f"[2/6] {cfg.tokenizer} tokenizer {len(tokenizer)} tokens ({unknown} of the held-out pages' tokens unknown); model {sum(p.numel() for p in model.parameters()):,} parameters")
+        which = f"{cfg.model}: its tokenizer" if cfg.model else f"{cfg.tokenizer} tokenizer"
+        log(f"[2/6] {which} {len(tokenizer)} tokens ({unknown} of the held-out pages' tokens unknown); model {sum(p.numel() for p in model.parameters()):,} parameters")
 
         # ---- 3. expert trajectories through the real loop and tools (one expert per world: a question's text
         # may recur in another world with another answer), then SFT

@@ -3,7 +3,8 @@
 `default` is today's demo (search-only, 1-3 hops, `make demo`). `long` trains the whole ASearcher behaviour
 on long pages (docs/demo.md, "The long-horizon preset"): search, open a page with `access`, read it chunk by
 chunk writing a `<summary>` of each, keep reading until the asked line is found, 1-6 hops (30+ turns),
-and old reading blocks are cut from the context once it is full, inside RL episodes too.
+and old reading blocks are cut from the context once it is full, inside RL episodes too. `smollm2` warm-starts
+and trains the real pretrained SmolLM2-135M-Instruct (LoRA adapters) on prose pages instead of the tiny model.
 """
 
 from __future__ import annotations
@@ -48,6 +49,28 @@ PRESETS: dict[str, dict[str, Any]] = {
             "rollout": {"batch_size": 8, "group_size": 8, "max_staleness": 2, "max_concurrent": 16},
             "max_rl_seconds": 1200.0,
             "heldout": {"every_s": 150.0},
+        },
+    },
+    "smollm2": {
+        "preset": "smollm2",
+        "model": "smollm2-135m-instruct",
+        "pages": "prose",  # real sentences, so the pretrained model reads what it knows how to read
+        "train_worlds": 8,
+        "train_questions": 150,
+        "rl_questions": 150,
+        "expert_episodes": 800,
+        "heldout_questions": 150,
+        "heldout_during_rl": 60,
+        "attention": "sdpa",
+        "sft": {"steps": 100, "batch_size": 8, "token_budget": 4096, "context_loss_weight": 0.0,
+                "lora": {"r": 16, "alpha": 32}, "optim": {"lr": 1e-3, "warmup_steps": 5, "schedule": "cosine"}},
+        "rl": {
+            "engine": {"max_seq_len": 1024, "max_batch": 64},
+            "trainer": {"token_budget": 4096, "epochs": 1, "lora": {"r": 16, "alpha": 32},
+                        "optim": {"lr": 2e-4, "schedule": "cosine", "min_lr_ratio": 0.1}},
+            "rollout": {"batch_size": 4, "group_size": 8, "max_staleness": 2, "max_concurrent": 8},
+            "max_rl_seconds": 2700.0,  # the target's 45 minutes of RL
+            "heldout": {"every_s": 600.0},
         },
     },
 }

@@ -105,7 +105,7 @@ class DecoderWeights:
 
     @classmethod
     def from_state_dict(
-        cls, spec: DecoderSpec, sd: Mapping[str, Tensor], dtype: torch.dtype
+        cls, spec: DecoderSpec, sd: Mapping[str, Tensor], dtype: torch.dtype, device: torch.device | str = "cpu"
     ) -> DecoderWeights:
         """Copy (never alias) the tensors of an HF-named state dict into the fused layout.
 
@@ -131,13 +131,13 @@ class DecoderWeights:
             )
 
         def get(name: str) -> Tensor:
-            return sd[name].detach().to(device="cpu", dtype=dtype).clone()
+            return sd[name].detach().to(device=device, dtype=dtype).clone()
 
         def opt(name: str) -> Tensor | None:
             return get(name) if name in sd else None
 
         def cat(*names: str) -> Tensor:
-            return torch.cat([sd[n].detach().to(device="cpu", dtype=dtype) for n in names], dim=0)
+            return torch.cat([sd[n].detach().to(device=device, dtype=dtype) for n in names], dim=0)
 
         def t(w: Tensor) -> Tensor:  # (out, in) -> contiguous (in, out)
             return w.t().contiguous()
@@ -232,14 +232,17 @@ class RoPE:
     rotate_half folded into sin: rotate_half(x) * sin == roll(x, d/2) * signed_sin.
     """
 
-    def __init__(self, inv_freq: Tensor, attention_scaling: float, max_len: int, dtype: torch.dtype):
+    def __init__(
+        self, inv_freq: Tensor, attention_scaling: float, max_len: int, dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ):  # fmt: skip
         pos = torch.arange(max_len, dtype=torch.float32)
-        freqs = pos[:, None] * inv_freq.float()[None, :]  # (L, d/2), computed as transformers does
+        freqs = pos[:, None] * inv_freq.float().cpu()[None, :]  # (L, d/2), computed as transformers does
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos() * attention_scaling, emb.sin() * attention_scaling
         half = cos.shape[-1] // 2
         signed_sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
-        self.table = torch.stack((cos, signed_sin), dim=1).to(dtype)  # (L, 2, d)
+        self.table = torch.stack((cos, signed_sin), dim=1).to(device=device, dtype=dtype)  # (L, 2, d)
         self.half = half
 
     def apply_(self, x: Tensor, cos_sin: Tensor) -> None:
@@ -257,8 +260,10 @@ class SlotKVCache:
     allocates the full max_batch x max_seq_len rectangle.
     """
 
-    def __init__(self, spec: DecoderSpec, dtype: torch.dtype, max_slots: int, max_len: int):
-        self.spec, self.dtype = spec, dtype
+    def __init__(
+        self, spec: DecoderSpec, dtype: torch.dtype, max_slots: int, max_len: int, device: torch.device | str = "cpu"
+    ):
+        self.spec, self.dtype, self.device = spec, dtype, torch.device(device)
         self.max_slots, self.max_len = max_slots, max_len
         self.slots, self.length = 0, 0
         self.kv: list[Tensor] = []
@@ -280,7 +285,7 @@ class SlotKVCache:
         new_len = min(max(new_len, self.length), self.max_len)
         shape = (new_slots, 2, self.spec.kv_heads, new_len, self.spec.head_dim)
         for i in range(self.spec.layers):
-            fresh = torch.zeros(shape, dtype=self.dtype)
+            fresh = torch.zeros(shape, dtype=self.dtype, device=self.device)
             if i < len(self.kv):
                 fresh[: self.slots, :, :, : self.length] = self.kv[i]
                 self.kv[i] = fresh
@@ -314,18 +319,19 @@ def forward(
     first n_real[b] are real and the rest padding. Keys/values of all T positions are written into the
     cache (padding lands beyond a row's length, where the mask hides it until real tokens overwrite it).
     Each query attends to cached positions <= its own. Returns float32 logits (B, vocab) at each row's
-    last real token.
+    last real token. All tensors live on the weights' device.
     """
     B, T = tokens.shape
+    dev = tokens.device
     N = B * T  # position-wise work runs on (N, H) rows; only attention needs the (B, T) structure
     H, nh, nkv, d = spec.hidden, spec.heads, spec.kv_heads, spec.head_dim
-    pos = starts[:, None] + torch.arange(T)  # (B, T)
+    pos = starts[:, None] + torch.arange(T, device=dev)  # (B, T)
     n_keys = int(starts.max()) + T
     cache.ensure(first_slot + B, n_keys)
-    rows = torch.arange(first_slot, first_slot + B)[:, None]  # (B, 1), broadcasts against pos
+    rows = torch.arange(first_slot, first_slot + B, device=dev)[:, None]  # (B, 1), broadcasts against pos
     cos_sin = rope.table[pos]  # (B, T, 2, d)
     # Boolean mask, True = attend: key position j is visible to the query at position p iff j <= p.
-    mask = (torch.arange(n_keys)[None, None, :] <= pos[:, :, None]).unsqueeze(1)  # (B, 1, T, n_keys)
+    mask = (torch.arange(n_keys, device=dev)[None, None, :] <= pos[:, :, None]).unsqueeze(1)  # (B, 1, T, n_keys)
     x = F.embedding(tokens.reshape(N), w.embed)  # (N, H)
     q_end, k_end = nh * d, (nh + nkv) * d
     for i, lw in enumerate(w.layers):
@@ -360,7 +366,7 @@ def forward(
         inter = gate_up.shape[-1] // 2
         act = F.silu(gate_up[:, :inter]).mul_(gate_up[:, inter:])
         x = _proj(act, lw.down_wt, lw.down_b, residual=x)
-    last = x.view(B, T, H)[torch.arange(B), n_real - 1]  # (B, H): only the rows' last real tokens need logits
+    last = x.view(B, T, H)[torch.arange(B, device=dev), n_real - 1]  # (B, H): only the rows' last real tokens need logits
     last = F.rms_norm(last, (H,), w.final_norm, spec.rms_eps)
     return F.linear(last, w.lm_head).float()
 

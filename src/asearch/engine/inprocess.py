@@ -20,13 +20,14 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
 from asearch.config import Config
 from asearch.engine.registry import register_engine
 from asearch.engine.types import GenerateRequest, GenerateResponse, StopReason, WeightSource
+from asearch.models.device import DEVICE_HELP, DTYPE_HELP, DTypeName
 
 # torch and the decoder are imported where they are used: listing the engine kinds imports this module
 if TYPE_CHECKING:
@@ -60,9 +61,11 @@ class InProcessEngineConfig(Config):
     max_prefill_tokens: int = Field(
         8192, ge=1, description="padded tokens (rows x chunk) per prefill forward; bounds activation memory"
     )
-    dtype: Literal["float32", "bfloat16"] = Field(
-        "float32",
-        description="weights, activations and KV cache; float32 is the fast one on CPUs without bf16 units",
+    device: str = Field("auto", description=f"where the model decodes: {DEVICE_HELP}")
+    dtype: DTypeName = Field(
+        "auto",
+        description=f"weights, activations and KV cache: {DTYPE_HELP}; float32 is the fast one on CPUs without "
+        "bf16 units",
     )
     prefix_cache_mb: float = Field(
         256.0,
@@ -130,7 +133,7 @@ class _Stats:
 
 
 class InProcessEngine:
-    """An `Engine` that decodes a Llama/Qwen2/Qwen3 model in this process, on CPU.
+    """An `Engine` that decodes a Llama/Qwen2/Qwen3 model in this process, on the CPU or one GPU.
 
     The engine snapshots the model's weights at construction (later changes to `model` do not leak
     in; push them with `update_weights`). `tokenizer` is needed for stop strings, `messages` requests
@@ -148,18 +151,23 @@ class InProcessEngine:
         import torch
 
         from asearch.engine.decoder import DecoderSpec, DecoderWeights, RoPE, SlotKVCache
+        from asearch.models.device import resolve_device, resolve_dtype
+        from asearch.models.lora import base_model, merged_state_dict
 
         self.cfg = cfg or InProcessEngineConfig()
         self.tokenizer = tokenizer
         self.config = model.config
         self.spec = DecoderSpec.from_config(model.config)
-        self._dtype = getattr(torch, self.cfg.dtype)
+        self.device = resolve_device(self.cfg.device)
+        self._dtype = resolve_dtype(self.cfg.dtype, self.device)
         self.max_seq_len = min(self.cfg.max_seq_len, self.spec.max_positions)
         with torch.inference_mode():
-            self._weights = DecoderWeights.from_state_dict(self.spec, model.state_dict(), self._dtype)
-            rotary = model.model.rotary_emb
-            self._rope = RoPE(rotary.inv_freq, float(rotary.attention_scaling), self.max_seq_len, self._dtype)
-            self._cache = SlotKVCache(self.spec, self._dtype, self.cfg.max_batch, self.max_seq_len)
+            self._weights = DecoderWeights.from_state_dict(self.spec, merged_state_dict(model), self._dtype, self.device)
+            rotary = base_model(model).model.rotary_emb
+            self._rope = RoPE(
+                rotary.inv_freq, float(rotary.attention_scaling), self.max_seq_len, self._dtype, self.device
+            )
+            self._cache = SlotKVCache(self.spec, self._dtype, self.cfg.max_batch, self.max_seq_len, self.device)
         self._version = version
         self._seed_rng = random.Random(self.cfg.seed)
         self._commands: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
@@ -185,9 +193,8 @@ class InProcessEngine:
         from asearch.models.loading import load_model, load_tokenizer
 
         cfg = cfg or InProcessEngineConfig()
-        return cls(
-            load_model(name_or_path, dtype=cfg.dtype), load_tokenizer(name_or_path), cfg=cfg, version=version
-        )
+        # loaded in float32 on the CPU: the engine copies the weights into its own layout, device and dtype
+        return cls(load_model(name_or_path), load_tokenizer(name_or_path), cfg=cfg, version=version)
 
     # ----------------------------------------------------------------------- Engine protocol
 
@@ -282,6 +289,7 @@ class InProcessEngine:
             "idle_fraction": min(1.0, s.idle_s / wall),
             "uptime_s": wall,
             "kv_cache_mb": self._cache.nbytes() / 2**20,
+            "device": str(self.device),
             "prefix_cache_mb": self._parked_bytes / 2**20,
         }
 
@@ -468,7 +476,7 @@ class InProcessEngine:
             if not path.is_dir():
                 raise FileNotFoundError(f"update_weights: {path} is not a directory of safetensors")
             sd = load_safetensors_dir(path)
-        self._weights = DecoderWeights.from_state_dict(self.spec, sd, self._dtype)  # validates first
+        self._weights = DecoderWeights.from_state_dict(self.spec, sd, self._dtype, self.device)  # validates first
         self._version = version
         for row in self._rows:  # K/V computed by the old weights is invalid: recompute on next step
             self._stats.recomputed_tokens += row.cached
@@ -532,9 +540,10 @@ class InProcessEngine:
         logits: list[torch.Tensor] = []
         decode = [i for i, r in enumerate(rows) if len(r.tokens) - r.cached == 1]
         extend = [i for i, r in enumerate(rows) if len(r.tokens) - r.cached > 1]
+        dev = self.device
         for a, b in _runs(decode):
-            toks = torch.tensor([[rows[i].tokens[-1]] for i in range(a, b)])
-            starts = torch.tensor([rows[i].cached for i in range(a, b)])
+            toks = torch.tensor([[rows[i].tokens[-1]] for i in range(a, b)], device=dev)
+            starts = torch.tensor([rows[i].cached for i in range(a, b)], device=dev)
             logits.append(
                 forward(
                     self.spec,
@@ -544,7 +553,7 @@ class InProcessEngine:
                     a,
                     toks,
                     starts,
-                    torch.ones(b - a, dtype=torch.long),
+                    torch.ones(b - a, dtype=torch.long, device=dev),
                 )
             )
             for i in range(a, b):
@@ -553,10 +562,10 @@ class InProcessEngine:
         for a, b, width in self._prefill_groups(extend):
             chunk = [rows[i].tokens[rows[i].cached : rows[i].cached + width] for i in range(a, b)]
             n_real = [len(c) for c in chunk]
-            toks = torch.tensor([c + [0] * (width - len(c)) for c in chunk])
-            starts = torch.tensor([rows[i].cached for i in range(a, b)])
+            toks = torch.tensor([c + [0] * (width - len(c)) for c in chunk], device=dev)
+            starts = torch.tensor([rows[i].cached for i in range(a, b)], device=dev)
             out = forward(
-                self.spec, self._weights, self._rope, self._cache, a, toks, starts, torch.tensor(n_real)
+                self.spec, self._weights, self._rope, self._cache, a, toks, starts, torch.tensor(n_real, device=dev)
             )
             self._stats.prefill_tokens += sum(n_real)
             done = []
@@ -566,7 +575,7 @@ class InProcessEngine:
                     done.append(j)
                     ready.append(i)
             if done:
-                logits.append(out[torch.tensor(done)] if len(done) < b - a else out)
+                logits.append(out[torch.tensor(done, device=dev)] if len(done) < b - a else out)
         if not ready:
             return
         token_ids, token_lps = sample(torch.cat(logits), [rows[i].sampling for i in ready])

@@ -29,6 +29,10 @@ if TYPE_CHECKING:
     from asearch.engine.registry import EngineConfig
 
 
+# OpenAI's API takes at most 4 stop strings (vLLM refuses a 5th with HTTP 400); more are applied client-side.
+MAX_STOP_STRINGS = 4
+
+
 @dataclass(slots=True)
 class ChatResult:
     text: str
@@ -241,7 +245,8 @@ class OpenAIChatEngine:
     and synthesis, never RL rollouts. Without one, `output_ids` stay empty. A token prompt is decoded and read
     back into messages (`ChatTemplateReader`); a prompt that ends inside an assistant turn is continued
     (`prefill_fields`). Chat servers drop the stop string they stopped at; the `Engine` contract keeps it,
-    so it is put back when the server names it (vLLM's `stop_reason`) or it closes a tag left open.
+    so it is put back when the server names it (vLLM's `stop_reason`) or it closes a tag left open. The
+    API takes at most `MAX_STOP_STRINGS`: the first ones are sent, the others cut the reply here.
     Weights are the endpoint's own: `update_weights` raises. Non-OpenAI sampling fields (`top_k`,
     `stop_token_ids`) are sent only when set, since hosted APIs reject unknown fields; a token prompt's
     `stop_token_ids` (ids of our tokenizer) are not sent: the server's template ends its turns itself.
@@ -285,9 +290,10 @@ class OpenAIChatEngine:
             sampling.update(self.prefill_fields)
         await self._admit.wait()
         result = await self.client.chat(messages, **sampling)
-        text = _restore_stop(result, request.sampling.stop, partial)
+        text = _restore_stop(result, request.sampling.stop[:MAX_STOP_STRINGS], partial)
+        text, cut = _cut_at_stop(text, request.sampling.stop[MAX_STOP_STRINGS:])
         ids = self.tokenizer.encode(text, add_special_tokens=False) if self._has_tokenizer() else []
-        stop: StopReason = "length" if result.finish_reason == "length" else "stop"
+        stop: StopReason = "length" if result.finish_reason == "length" and not cut else "stop"
         return GenerateResponse(
             output_ids=ids,
             output_logprobs=[0.0] * len(ids),
@@ -327,7 +333,7 @@ class OpenAIChatEngine:
             "max_tokens": sp.max_new_tokens,
         }
         if sp.stop:
-            sampling["stop"] = list(sp.stop)
+            sampling["stop"] = list(sp.stop[:MAX_STOP_STRINGS])
         if sp.seed is not None:
             sampling["seed"] = sp.seed
         if sp.top_k > 0:
@@ -353,6 +359,13 @@ class OpenAIChatEngine:
     async def close(self) -> None:
         self._admit.set()
         await self.client.aclose()
+
+
+def _cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
+    """(`text` up to and with the first of `stops` in it, whether one was): the stop strings past the API's
+    limit, which the server was not sent, are applied here."""
+    ends = [i + len(s) for s in stops if (i := text.find(s)) >= 0]
+    return (text[: min(ends)], True) if ends else (text, False)
 
 
 def _restore_stop(result: ChatResult, stops: list[str], partial: str) -> str:

@@ -33,6 +33,7 @@ from asearch.config import Config
 from asearch.engine.http import RETRY_STATUS, HttpConfig, RemoteHTTPError
 from asearch.engine.registry import EngineConfig, engine_kinds, make_engine
 from asearch.engine.types import Engine, GenerateRequest, GenerateResponse, WeightSource
+from asearch.engine.vllm import VLLMServerConfig
 from asearch.errors import RemoteError
 
 
@@ -70,6 +71,11 @@ class RolloutServersConfig(Config):
         2, ge=2, description="Saved versions kept on disk (the latest is what a restarted server loads)."
     )
     model_name: str = Field("policy", description="vLLM's --served-model-name (kind vllm).")
+    vllm: VLLMServerConfig = Field(
+        default_factory=VLLMServerConfig,
+        description="kind vllm, servers a launcher starts: device (auto/cpu/cuda), dtype, CUDA graphs, GPU memory "
+        "share, tensor parallelism, CPU KV cache (docs/engines-remote.md).",
+    )
     http: HttpConfig = Field(
         default_factory=lambda: HttpConfig(retries=1, max_concurrency=256),
         description="Per server. Few retries: a failed request moves to another server instead.",

@@ -27,7 +27,8 @@ from asearch.config import Config
 from asearch.registry import Registry
 
 BuildFn = Callable[..., Any]  # (cfg: EngineConfig, **context) -> an Engine
-# (model, *, index, threads, engine, served_model_name, seed, log_path, cfg, host, cores) -> (ServerSupervisor, url)
+# (model, *, index, threads, engine, served_model_name, seed, log_path, cfg, host, cores, servers)
+#   -> (ServerSupervisor, url); `servers` is the run's RolloutServersConfig
 ServeFn = Callable[..., Any]
 
 

@@ -59,7 +59,7 @@ def _filter_top(scaled: Tensor, k: Tensor, top_p: Tensor, n: int) -> tuple[Tenso
     candidates fully decide (the nucleus ends inside them, or the row has no top-p)."""
     V = scaled.shape[-1]
     values, order = scaled.topk(n, dim=-1) if n < V else scaled.sort(dim=-1, descending=True)
-    values = values.masked_fill(torch.arange(n)[None, :] >= k[:, None], float("-inf"))
+    values = values.masked_fill(torch.arange(n, device=scaled.device)[None, :] >= k[:, None], float("-inf"))
     # Normalise over the row's top-k set: the candidates when k <= n, else the whole vocabulary.
     log_norm = torch.where(k <= n, values.logsumexp(dim=-1), scaled.logsumexp(dim=-1))
     probs = (values - log_norm[:, None]).exp()
@@ -72,8 +72,9 @@ def _filter_top(scaled: Tensor, k: Tensor, top_p: Tensor, n: int) -> tuple[Tenso
 
 
 def sample(logits: Tensor, rows: list[RowSampling]) -> tuple[list[int], list[float]]:
-    """Draw one token per row of `logits` (B, V float32); return (token ids, their log-probs)."""
+    """Draw one token per row of `logits` (B, V float32, on any device); return (token ids, their log-probs)."""
     B, V = logits.shape
+    dev = logits.device
     greedy = [r.temperature == 0.0 for r in rows]
     if all(greedy):
         lp = torch.log_softmax(logits, dim=-1)
@@ -81,24 +82,25 @@ def sample(logits: Tensor, rows: list[RowSampling]) -> tuple[list[int], list[flo
         return best.tolist(), lp.gather(1, best[:, None])[:, 0].tolist()
 
     temps = [r.temperature if r.temperature != 0.0 else 1.0 for r in rows]
-    scaled = logits if all(t == 1.0 for t in temps) else logits / torch.tensor(temps)[:, None]
+    scaled = logits if all(t == 1.0 for t in temps) else logits / torch.tensor(temps, device=dev)[:, None]
     filtered = [r.top_k > 0 or r.top_p < 1.0 for r in rows]
     if any(f and not g for f, g in zip(filtered, greedy, strict=True)):
-        idx = torch.tensor([i for i, (f, g) in enumerate(zip(filtered, greedy, strict=True)) if f and not g])
-        sub = [rows[i] for i in idx.tolist()]
-        top_k = torch.tensor([r.top_k for r in sub])
-        top_p = torch.tensor([r.top_p for r in sub])
+        picked = [i for i, (f, g) in enumerate(zip(filtered, greedy, strict=True)) if f and not g]
+        idx = torch.tensor(picked, device=dev)
+        sub = [rows[i] for i in picked]
+        top_k = torch.tensor([r.top_k for r in sub], device=dev)
+        top_p = torch.tensor([r.top_p for r in sub], device=dev)
         scaled = scaled.clone() if scaled is logits else scaled
         scaled[idx] = filter_logits(scaled[idx], top_k, top_p)
     lp = torch.log_softmax(scaled, dim=-1)
     # Inverse-CDF draw with one uniform per row from the row's own stream: the draw depends only on
     # the request's seed and its distribution, never on which other rows share the batch.
     cdf = lp.exp().cumsum(dim=-1)
-    u = torch.tensor([r.rng.random() for r in rows], dtype=torch.float32)[:, None] * cdf[:, -1:]
+    u = torch.tensor([r.rng.random() for r in rows], dtype=torch.float32, device=dev)[:, None] * cdf[:, -1:]
     pick = torch.searchsorted(cdf, u, right=True).clamp_(max=V - 1)[:, 0]
     pick_lp = lp.gather(1, pick[:, None])[:, 0]
     if any(greedy):
-        g = torch.tensor(greedy)
+        g = torch.tensor(greedy, device=dev)
         best_lp = torch.log_softmax(logits, dim=-1)  # greedy reports the unscaled, unfiltered log-prob
         best = best_lp.argmax(dim=-1)
         pick = torch.where(g, best, pick)

@@ -210,7 +210,7 @@ def serve_rollout_server(
     **context: Any,
 ) -> tuple[ServerSupervisor, str]:
     """Rollout server `index` of a run (not started): `asearch engine serve` (SGLang's API) with `threads`
-    torch threads and the in-process options `engine` (batch, length, dtype, prefix cache)."""
+    torch threads and the in-process options `engine` (device, batch, length, dtype, prefix cache)."""
     from asearch.engine.server import engine_server_supervisor
 
     return engine_server_supervisor(
@@ -222,7 +222,7 @@ def serve_rollout_server(
         max_seq_len=engine.max_seq_len,
         seed=seed + index,  # servers sample different streams for requests without a seed
         weight_version="0",  # the launch weights are version 0; tokens made with them say so
-        extra_args=["--dtype", engine.dtype, "--prefix-cache-mb", str(engine.prefix_cache_mb), "--exit-with-parent"],
+        extra_args=["--device", engine.device, "--dtype", engine.dtype, "--prefix-cache-mb", str(engine.prefix_cache_mb), "--exit-with-parent"],
         cfg=cfg,
     )
 

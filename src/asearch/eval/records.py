@@ -22,6 +22,13 @@ class QARecord(BaseModel):
         description="Paraphrased answers (ASearcher `aug_answer`), used by rewards only.",
     )
     dataset: str = Field("", description="Dataset name: the results and summaries are grouped by it.")
+    data_source: str = Field(
+        "",
+        description=(
+            "The source the row names itself (Search-R1/verl `data_source`), for files that merge several; "
+            "summaries also break results down by it. Empty: the row named none (its source is the dataset)."
+        ),
+    )
     metadata: dict[str, Any] = Field(default_factory=dict, description="Everything else the row carried.")
 
     @field_validator("question")
@@ -38,6 +45,15 @@ class QARecord(BaseModel):
             raise ValueError("needs at least one gold answer")
         return v
 
+    @property
+    def source(self) -> str:
+        """What per-source summaries group this question under: its `data_source`, else its dataset."""
+        return self.data_source or self.dataset
+
     def to_jsonl_dict(self) -> dict[str, Any]:
-        """The asearch jsonl line (`golds` key), which every reader here accepts back."""
-        return self.model_dump(mode="json")
+        """The asearch jsonl line (`golds` key), which every reader here accepts back; `data_source` only
+        when the row had one."""
+        line = self.model_dump(mode="json")
+        if not self.data_source:
+            del line["data_source"]
+        return line

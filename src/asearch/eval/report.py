@@ -7,6 +7,9 @@ written in — a resumed run and an uninterrupted one give identical numbers.
 A question one of whose passes met an infrastructure fault (a result line with `infra_faults`: a tool
 timeout, 5xx or garbled answer) is masked: left out of the metrics and stats, whatever its scores, and
 reported apart under `masked` with the metrics it would give if its faulted passes counted 0.
+
+Besides per dataset and overall, results are summarised per `data_source` when a dataset merges several
+(Search-R1's merged test set). With an LLM judge, each group counts where the judge and exact match agree.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 from asearch.metrics.aggregate import Estimate, avg_at_k, bootstrap_mean, pass_at_k
 
-__all__ = ["METRICS", "STAT_COUNTERS", "render_markdown", "summarize"]
+__all__ = ["METRICS", "STAT_COUNTERS", "data_source_of", "render_markdown", "summarize"]
 
 METRICS = ("em", "f1", "cem")
 STAT_COUNTERS = ("searches", "accesses", "generated_tokens", "parse_errors", "tool_errors", "read_turns")
@@ -65,6 +68,20 @@ def _masked(rows: Sequence[Sequence[Mapping[str, Any]]], masked: Sequence[Sequen
     }
 
 
+def _agreement(judged: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The judge's verdict against exact match over the judged passes (a failed verdict is not one):
+    counts of both right, judge only, EM only, both wrong, and agreement = (both right + both wrong) / all."""
+    pairs = Counter((bool(r["judge"]["correct"]), r["em"] >= 1.0) for r in judged)
+    counts = {
+        "both_right": pairs[(True, True)],
+        "judge_only": pairs[(True, False)],
+        "em_only": pairs[(False, True)],
+        "both_wrong": pairs[(False, False)],
+    }
+    agree = counts["both_right"] + counts["both_wrong"]
+    return {**counts, "agreement": agree / len(judged) if judged else None}
+
+
 def summarize_group(
     results: Sequence[Mapping[str, Any]], k: int, expected: int | None = None
 ) -> dict[str, Any]:
@@ -99,6 +116,7 @@ def summarize_group(
     if any_judge:
         per_q = [row for row in judged_rows if row]
         failures = sum(1 for r in used if r.get("judge") and r["judge"]["correct"] is None)
+        verdicts = [r["judge"] for r in used if r.get("judge")]
         out["judge"] = {
             # per question: the fraction of its judged passes the judge accepted (failed verdicts are
             # left out of that question's mean, and counted below); a question with none is left out
@@ -106,6 +124,10 @@ def summarize_group(
             "pass_at_k": _estimate(bootstrap_mean([float(any(row)) for row in per_q])) if per_q else None,
             "judged": sum(len(row) for row in per_q),
             "failures": failures,
+            "agreement": _agreement([r for r in used if (r.get("judge") or {}).get("correct") is not None]),
+            # lines judged before these were recorded carry neither; a resumed run may mix several
+            "models": sorted({v["model"] for v in verdicts if v.get("model")}),
+            "prompt_versions": sorted({v["prompt_version"] for v in verdicts if v.get("prompt_version")}),
         }
     else:
         out["judge"] = None
@@ -123,18 +145,44 @@ def summarize_group(
     return out
 
 
-def summarize(
-    results: Iterable[Mapping[str, Any]], *, k: int, expected: Mapping[str, int] | None = None
+def data_source_of(result: Mapping[str, Any]) -> str:
+    """The source a result line is summarised under: its `data_source`, else (older lines) its dataset."""
+    return result.get("data_source") or result["dataset"]
+
+
+def _grouped(
+    results: Sequence[Mapping[str, Any]], key: Any, k: int, expected: Mapping[str, int] | None
 ) -> dict[str, Any]:
-    """{"k", "datasets": {name: summary}, "overall": summary of all questions pooled}."""
-    by_dataset: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    """{name: summary} over the groups `key(result)` makes, names sorted (expected ones included)."""
+    groups: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for r in results:
-        by_dataset[r["dataset"]].append(r)
-    names = sorted(set(by_dataset) | set(expected or {}))
-    datasets = {n: summarize_group(by_dataset.get(n, []), k, (expected or {}).get(n)) for n in names}
-    pooled = [r for n in names for r in by_dataset.get(n, [])]
+        groups[key(r)].append(r)
+    names = sorted(set(groups) | set(expected or {}))
+    return {n: summarize_group(groups.get(n, []), k, (expected or {}).get(n)) for n in names}
+
+
+def summarize(
+    results: Iterable[Mapping[str, Any]],
+    *,
+    k: int,
+    expected: Mapping[str, int] | None = None,
+    expected_sources: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
+    """{"k", "datasets": {name: summary}, "overall": all questions pooled}, plus "data_sources": {name:
+    summary} when some question's source differs from its dataset.
+
+    `data_sources` groups by each line's `data_source` (`data_source_of`): the per-source breakdown of a
+    file that merges several sources (Search-R1's merged test set); absent, it would equal `datasets`.
+    `expected` / `expected_sources` are the question counts per dataset / per source.
+    """
+    results = list(results)
+    out: dict[str, Any] = {"k": k, "datasets": _grouped(results, lambda r: r["dataset"], k, expected)}
+    same = all(data_source_of(r) == r["dataset"] for r in results)
+    if not same or (expected_sources is not None and dict(expected_sources) != dict(expected or {})):
+        out["data_sources"] = _grouped(results, data_source_of, k, expected_sources)
     total = sum(expected.values()) if expected else None
-    return {"k": k, "datasets": datasets, "overall": summarize_group(pooled, k, total)}
+    out["overall"] = summarize_group(results, k, total)
+    return out
 
 
 # --------------------------------------------------------------------------- markdown
@@ -150,50 +198,65 @@ def _num(x: float | None, digits: int = 2) -> str:
     return "–" if x is None else f"{x:.{digits}f}"
 
 
-def render_markdown(summary: Mapping[str, Any], *, title: str = "Evaluation") -> str:
-    """A table per summary: one row per dataset plus the pooled row; numbers are % with 95% CIs."""
-    k = summary["k"]
+def _table(rows: Sequence[tuple[str, Mapping[str, Any]]], k: int, first: str) -> list[str]:
+    """The metrics table: one row per (name, summary)."""
     lines = [
-        f"# {title}",
-        "",
-        f"k = {k} pass(es) per question; Avg@{k} / Pass@{k} in %, [95% bootstrap CI over questions].",
-        "",
-        f"| dataset | n | EM Avg@{k} | F1 Avg@{k} | CEM Avg@{k} | EM Pass@{k} | F1 Pass@{k} | judge acc. | judge fail. "
-        "| turns | searches | accesses | gen. tokens | parse err. | no answer % |",
+        f"| {first} | n | EM Avg@{k} | F1 Avg@{k} | CEM Avg@{k} | EM Pass@{k} | F1 Pass@{k} | judge acc. "
+        "| judge fail. | turns | searches | accesses | gen. tokens | parse err. | no answer % |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    rows = [*summary["datasets"].items()]
-    if len(rows) > 1:
-        rows.append(("**all**", summary["overall"]))
     for name, s in rows:
         n = f"{s['n']}" + (f"/{s['expected']}" if s.get("expected") not in (None, s["n"]) else "")
         m = s.get("metrics") or {}
         j = s.get("judge") or {}
         st = s.get("stats") or {}
         no_answer = st.get("no_answer_rate")
-        lines.append(
-            "| "
-            + " | ".join(
-                [
-                    str(name),
-                    n,
-                    _pct((m.get("em") or {}).get("avg_at_k")),
-                    _pct((m.get("f1") or {}).get("avg_at_k")),
-                    _pct((m.get("cem") or {}).get("avg_at_k")),
-                    _pct((m.get("em") or {}).get("pass_at_k")),
-                    _pct((m.get("f1") or {}).get("pass_at_k")),
-                    _pct(j.get("accuracy")) if j else "–",
-                    str(j.get("failures", "–")) if j else "–",
-                    _num(st.get("turns"), 1),
-                    _num(st.get("searches"), 1),
-                    _num(st.get("accesses"), 1),
-                    _num(st.get("generated_tokens"), 0),
-                    _num(st.get("parse_errors"), 2),
-                    "–" if no_answer is None else f"{100 * no_answer:.1f}",
-                ]
-            )
-            + " |"
-        )
+        cells = [
+            str(name),
+            n,
+            _pct((m.get("em") or {}).get("avg_at_k")),
+            _pct((m.get("f1") or {}).get("avg_at_k")),
+            _pct((m.get("cem") or {}).get("avg_at_k")),
+            _pct((m.get("em") or {}).get("pass_at_k")),
+            _pct((m.get("f1") or {}).get("pass_at_k")),
+            _pct(j.get("accuracy")) if j else "–",
+            str(j.get("failures", "–")) if j else "–",
+            _num(st.get("turns"), 1),
+            _num(st.get("searches"), 1),
+            _num(st.get("accesses"), 1),
+            _num(st.get("generated_tokens"), 0),
+            _num(st.get("parse_errors"), 2),
+            "–" if no_answer is None else f"{100 * no_answer:.1f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _with_pooled(groups: Mapping[str, Any], overall: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """(name, summary) table rows, then the pooled row when there are several."""
+    rows = [*groups.items()]
+    return [*rows, ("**all**", overall)] if len(rows) > 1 else rows
+
+
+def render_markdown(summary: Mapping[str, Any], *, title: str = "Evaluation") -> str:
+    """A table per summary: one row per dataset plus the pooled row, then (when a dataset merges several
+    `data_source`s) one row per source; numbers are % with 95% CIs. With a judge, its agreement with EM."""
+    k = summary["k"]
+    lines = [
+        f"# {title}",
+        "",
+        f"k = {k} pass(es) per question; Avg@{k} / Pass@{k} in %, [95% bootstrap CI over questions].",
+        "",
+    ]
+    lines += _table(_with_pooled(summary["datasets"], summary["overall"]), k, "dataset")
+    sources = summary.get("data_sources") or {}
+    if sources:
+        lines += ["", "By `data_source`:", "", *_table(_with_pooled(sources, summary["overall"]), k, "data_source")]
+    # what the lines below the tables go through: every dataset, every source, and the pool once
+    rows = [*summary["datasets"].items(), *sources.items()]
+    rows += [("**all**", summary["overall"])] if len(rows) > 1 else []
+    if any(s.get("judge") for _, s in rows):
+        lines += ["", *_agreement_table(rows)]
     incomplete = {name: s["incomplete"] for name, s in summary["datasets"].items() if s["incomplete"]}
     if incomplete:
         lines += ["", f"Incomplete questions (fewer than {k} passes, left out): {incomplete}"]
@@ -207,7 +270,32 @@ def render_markdown(summary: Mapping[str, Any], *, title: str = "Evaluation") ->
     faults = _faults_line(summary.get("run_metrics") or {})
     if faults:
         lines += ["", faults]
+    replay = _replay_line(summary.get("run_metrics") or {})
+    if replay:
+        lines += ["", replay]
     return "\n".join(lines) + "\n"
+
+
+def _agreement_table(rows: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str]:
+    """The judge against exact match, in judged passes per row, under a line naming the judge."""
+    judges = [s["judge"] for _, s in rows if s.get("judge")]
+    models = sorted({m for j in judges for m in j.get("models") or []})
+    versions = sorted({v for j in judges for v in j.get("prompt_versions") or []})
+    model, prompt = ", ".join(models) or "model not recorded", ", ".join(versions) or "not recorded"
+    lines = [
+        f"Judge ({model}; prompt {prompt}) against exact match, in judged passes:",
+        "",
+        "| | both right | judge only | EM only | both wrong | agreement % |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, s in rows:
+        a = (s.get("judge") or {}).get("agreement")
+        if not a:
+            continue
+        agree = "–" if a["agreement"] is None else f"{100 * a['agreement']:.1f}"
+        counts = [str(a[c]) for c in ("both_right", "judge_only", "em_only", "both_wrong")]
+        lines.append("| " + " | ".join([str(name), *counts, agree]) + " |")
+    return lines
 
 
 def _masked_line(name: str, s: Mapping[str, Any]) -> str:
@@ -228,6 +316,27 @@ def _faults_line(m: Mapping[str, float]) -> str | None:
     prefix = "faults/injected/"
     kinds = ", ".join(f"{key[len(prefix):]} {int(v)}" for key, v in sorted(m.items()) if key.startswith(prefix))
     return f"Injected tool faults (this invocation): {int(m['faults/injected'])} of {int(m['faults/calls'])} calls ({kinds})."
+
+
+def _replay_line(m: Mapping[str, float]) -> str | None:
+    """The tool record of this invocation (`asearch.tools.replay.Recorder.metrics`): a replay's hits and refused
+    misses, or a recording's answers and new entries; None when the tools did neither."""
+    if "record/answers" in m:
+        changed = int(m.get("record/changed", 0))
+        return (
+            f"Recorded tools (this invocation): {int(m['record/answers'])} answers, {int(m['record/new'])} new "
+            "entries in the tool record" + (f", {changed} differed from the recorded answer (a replay gives the "
+            "recorded one)" if changed else "") + "."
+        )
+    if "replay/hits" not in m:
+        return None
+    misses = ", ".join(f"{t} {int(m.get(f'replay/misses/{t}', 0))}" for t in ("search", "access"))
+    damaged = int(m.get("replay/damaged", 0))
+    return (
+        f"Replayed tools (this invocation): {int(m['replay/hits'])} answers from the record, "
+        f"{int(m['replay/misses'])} misses refused ({misses})"
+        + (f", {damaged} damaged entries refused" if damaged else "") + "."
+    )
 
 
 def _web_line(m: Mapping[str, float]) -> str | None:

@@ -15,7 +15,8 @@ import hashlib
 import json
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -190,6 +191,7 @@ def _result_line(rec: QARecord, p: int, seed: int, traj: Any, wall_s: float, ver
         "v": RESULT_VERSION,
         "id": rec.id,
         "dataset": rec.dataset,
+        "data_source": rec.source,  # per-source summaries group by it (eval.report)
         "pass": p,
         "seed": seed,
         "question": rec.question,
@@ -304,9 +306,8 @@ async def evaluate_async(
             "seeds": seeds,
             "shard": list(shard),
             "concurrency": concurrency,
-            "datasets": {
-                n: sum(1 for r in records if r.dataset == n) for n in sorted({r.dataset for r in records})
-            },
+            "datasets": _counts(r.dataset for r in records),
+            "data_sources": _counts(r.source for r in records),
             "judge": None if judge is None else type(judge).__name__,
             "run": None if config is None else _jsonable(config),
         }
@@ -406,6 +407,14 @@ async def _run_jobs(
     return counts["written"], counts["failed"]
 
 
+def _counts(names: Iterable[str]) -> dict[str, int]:
+    """Questions per name, names sorted."""
+    return dict(sorted(Counter(names).items()))
+
+
+_RESULT_NEUTRAL = ("runtime.tools.record",)
+
+
 def _check_same_run(run_dir: Path, cfg: Mapping[str, Any]) -> None:
     """Refuse to resume results made by another configuration (another model in the same out dir)."""
     previous_path = run_dir / "config.json"
@@ -415,8 +424,11 @@ def _check_same_run(run_dir: Path, cfg: Mapping[str, Any]) -> None:
         previous = json.loads(previous_path.read_text())
     except json.JSONDecodeError:
         return  # written atomically, so only a hand edit gets here; the result lines are still checked
-    if previous.get("run") is not None and cfg.get("run") is not None and previous["run"] != cfg["run"]:
-        diff = _diff_keys(previous["run"], cfg["run"])
+    if previous.get("run") is None or cfg.get("run") is None:
+        return
+    # recording and replaying tool answers changes no result: a run may resume with or without them
+    diff = [d for d in _diff_keys(previous["run"], cfg["run"]) if not d.startswith(_RESULT_NEUTRAL)]
+    if diff:
         raise ConfigError(
             f"{run_dir} holds results of a different configuration (differs in: {', '.join(diff[:8])}); "
             "use another out dir, or delete it to start over"
@@ -432,10 +444,12 @@ def _write_summaries(
 ) -> dict[str, Any]:
     wanted = {(r.dataset, r.id) for r in records}
     kept = [r for r in results if (r["dataset"], r["id"]) in wanted and r["pass"] < k]
-    expected: dict[str, int] = {}
-    for r in records:
-        expected[r.dataset] = expected.get(r.dataset, 0) + 1
-    summary = summarize(kept, k=k, expected=expected)
+    summary = summarize(
+        kept,
+        k=k,
+        expected=_counts(r.dataset for r in records),
+        expected_sources=_counts(r.source for r in records),
+    )
     summary["other_results"] = len(results) - len(kept)  # lines of questions/passes not in this run
     if run_metrics:
         # counters of this invocation only (a resumed run counts what it ran); not rebuilt by aggregate_only
@@ -489,6 +503,14 @@ def evaluate(
     )
 
 
+def _read_summary(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def aggregate_only(out_dir: str | Path) -> EvalSummary:
     """Recompute summary.json / summary.md from results on disk (merging `shard-*` subdirectories).
 
@@ -518,14 +540,20 @@ def aggregate_only(out_dir: str | Path) -> EvalSummary:
             f"{out_dir}: results made with different k {sorted(ks)}; aggregate them separately"
         )
     k = ks.pop() if ks else max(r["pass"] for r in results) + 1
-    expected: dict[str, int] | None = None
+    expected: Counter[str] | None = None
+    expected_sources: Counter[str] | None = None
     if configs and len(configs) == len(paths):
-        expected = {}
-        for c in configs:
-            for name, count in (c.get("datasets") or {}).items():
-                expected[name] = expected.get(name, 0) + int(count)
-    summary = summarize(results, k=k, expected=expected)
+        expected = sum((Counter(c.get("datasets") or {}) for c in configs), Counter())
+        # runs written before per-source counts existed: their sources are their datasets
+        expected_sources = sum(
+            (Counter(c.get("data_sources", c.get("datasets")) or {}) for c in configs), Counter()
+        )
+    summary = summarize(results, k=k, expected=expected, expected_sources=expected_sources)
     summary["other_results"] = 0
+    # what the run measured while it ran (tool calls, web costs, the tool record) is not in the results: kept
+    previous = _read_summary(out_dir / "summary.json")
+    if previous.get("run_metrics"):
+        summary["run_metrics"] = previous["run_metrics"]
     atomic_write_json(out_dir / "summary.json", summary)
     atomic_write_text(out_dir / "summary.md", render_markdown(summary, title=f"Evaluation: {out_dir}"))
     return EvalSummary(out_dir=out_dir, summary=summary, resumed=len(results))
@@ -559,13 +587,16 @@ def workflow_solver(
 
 def agent_solver(engine: Any, tokenizer: Any, tools: Mapping[str, Any], agent_cfg: Any) -> Solve:
     """`workflow_solver` over the search agent with `tools`; its `metrics()` are the tools' run counters
-    (web cache and cost, injected faults; {} for local tools without `tools.faults`)."""
+    (web cache and cost, injected faults, answers recorded or replayed; {} for local tools that do none)."""
     from asearch.agent.workflow import SearchAgentWorkflow
     from asearch.tools.faults import fault_metrics
+    from asearch.tools.replay import record_metrics
     from asearch.web.runtime import web_metrics
 
     workflow = SearchAgentWorkflow(tokenizer, tools, agent_cfg)
-    return workflow_solver(workflow, engine, metrics=lambda: {**web_metrics(tools), **fault_metrics(tools)})
+    return workflow_solver(
+        workflow, engine, metrics=lambda: {**web_metrics(tools), **fault_metrics(tools), **record_metrics(tools)}
+    )
 
 
 # --------------------------------------------------------------------------- in memory (held-out curves)

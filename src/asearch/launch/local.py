@@ -105,5 +105,5 @@ def rollout_server_supervisor(
         raise LaunchError(f"engine kind {servers.kind!r} has no server a launcher can start")
     return serve(
         model, index=i, threads=allocation.server_threads, engine=engine, served_model_name=servers.model_name,
-        seed=seed, log_path=log_path, cfg=cfg, host=host, cores=cores,
+        seed=seed, log_path=log_path, cfg=cfg, host=host, cores=cores, servers=servers,
     )  # fmt: skip

@@ -36,10 +36,12 @@ from asearch.rl.loop import EvalSchedule, LoopConfig, TrainingLoop, write_summar
 from asearch.rl.trainer import PolicyTrainer, Trainer
 from asearch.rl.weights import DiskWeights, LiveWeights, WeightSync
 from asearch.runs import RunDir
-from asearch.tools import ToolsConfig, build_tools, fault_metrics
+from asearch.tools import ToolsConfig, build_tools, fault_metrics, record_metrics
+from asearch.tools.replay import RECORD_DIR
 from asearch.web.runtime import web_metrics
 
 Log = Callable[[str], Any]
+POLICY_DIR = "policy"  # RUN/policy: the final policy, written when a run ends
 
 
 class HeldoutConfig(EvalSchedule):
@@ -150,7 +152,7 @@ async def train(cfg: TrainConfig, *, run: RunDir, log: Log = print, model: Any =
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model)
     records = load_records(cfg.data)
     async with contextlib.AsyncExitStack() as stack:  # unwinds in reverse: engine, launcher, tools
-        tools, workflow, heldout_workflow, heldout = _open_workflows(cfg, tokenizer, records, stack)
+        tools, workflow, heldout_workflow, heldout = _open_workflows(cfg, tokenizer, records, stack, run.path / RECORD_DIR)
         launcher = make_launcher(
             cfg.launcher, cfg.model, cfg.allocation, cfg.servers, engine=cfg.engine, log_dir=run.path / "logs",
             seed=cfg.seed, trainer_threads=cfg.trainer_threads, log=log,
@@ -168,16 +170,46 @@ async def train(cfg: TrainConfig, *, run: RunDir, log: Log = print, model: Any =
             f"({'synchronous' if eta == 0 else 'one-step-off' if eta == 1 else 'fully asynchronous'}), "
             f"<= {cfg.rollout.max_concurrent} groups in flight, {n_params:,} params"
         )
+        engine_counts = EngineCounters(engine)
         loop = TrainingLoop(
             cfg, run=run, engine=engine, trainer=trainer, workflow=workflow, records=records, weights=weights,
-            resume=resume, log=log, step_metrics=lambda: {**web_metrics(tools, end_step=True), **fault_metrics(tools)},
+            resume=resume, log=log,
+            step_metrics=lambda: {**web_metrics(tools, end_step=True), **fault_metrics(tools), **record_metrics(tools), **engine_counts()},
             heldout=None if heldout_workflow is None else _heldout_eval(heldout_workflow, engine, heldout, cfg),
         )  # fmt: skip
         summary = await loop.run()
+        # the trained policy as a model directory any engine loads (LoRA: merged, adapters in policy/adapter)
+        summary["policy_dir"] = str(await asyncio.to_thread(trainer.save_hf, run.path / POLICY_DIR, tokenizer))
         if isinstance(engine, EnginePool):
             summary["rollout_servers"] = engine.stats()
     write_summary(run, summary)
     return summary
+
+
+class EngineCounters:
+    """Per step, what the in-process engine did since the last step (`engine/*`): tokens generated, prompt
+    tokens prefilled, reused from the prefix cache and recomputed after a weight push, requests finished, and
+    the mean decode batch. Where generation time goes; nothing for engines without these counters."""
+
+    COUNTS = ("tokens_generated", "prefill_tokens", "prefix_reused_tokens", "recomputed_tokens", "requests_finished", "decode_steps")
+
+    def __init__(self, engine: Any):
+        self.stats = getattr(engine, "stats", None)
+        self.last = self._read()
+
+    def _read(self) -> dict[str, float]:
+        stats = self.stats() if callable(self.stats) else None
+        return {k: float(stats[k]) for k in self.COUNTS} if isinstance(stats, Mapping) and all(k in stats for k in self.COUNTS) else {}
+
+    def __call__(self) -> dict[str, float]:
+        now = self._read()
+        if not now:
+            return {}
+        delta = {k: now[k] - self.last.get(k, 0.0) for k in self.COUNTS}
+        self.last = now
+        out = {f"engine/{k}": v for k, v in delta.items() if k != "decode_steps"}
+        out["engine/mean_batch"] = delta["tokens_generated"] / delta["decode_steps"] if delta["decode_steps"] else 0.0
+        return out
 
 
 def load_records(spec: str) -> list[dict[str, Any]]:
@@ -188,17 +220,18 @@ def load_records(spec: str) -> list[dict[str, Any]]:
 
 
 def _open_workflows(
-    cfg: TrainConfig, tokenizer: Any, records: Sequence[dict[str, Any]], stack: contextlib.AsyncExitStack
+    cfg: TrainConfig, tokenizer: Any, records: Sequence[dict[str, Any]], stack: contextlib.AsyncExitStack,
+    record_dir: Path,
 ) -> tuple[Any, SearchAgentWorkflow, SearchAgentWorkflow | None, list[Any]]:
     """(training tools, the training workflow, the held-out workflow or None, held-out records); the
-    tools' closers go on `stack`."""
+    tools' closers go on `stack`. Every tool records into (or replays) the run's one record, `tools.record`."""
     from asearch.eval.datasets import load_dataset
 
     closers: list[Any] = []
     stack.push_async_callback(_close_all, closers)
-    tools, more = build_tools(cfg.tools, progress=False)
+    tools, more = build_tools(cfg.tools, progress=False, record_dir=record_dir)
     closers += more
-    tools_of = _tools_per_corpus(cfg, records, tools, closers) if cfg.corpus_from_data else {}
+    tools_of = _tools_per_corpus(cfg, records, tools, closers, record_dir) if cfg.corpus_from_data else {}
 
     def choose_tools(item: EpisodeItem) -> Any:
         return tools_of.get(item.metadata.get("corpus"), tools)
@@ -208,7 +241,8 @@ def _open_workflows(
         return tools, workflow, None, []
     heldout_tools = tools
     if cfg.heldout.tools is not None:
-        heldout_tools, more = build_tools(cfg.heldout.tools, progress=False)
+        heldout_cfg = cfg.heldout.tools.model_copy(update={"record": cfg.tools.record})
+        heldout_tools, more = build_tools(heldout_cfg, progress=False, record_dir=record_dir)
         closers += more
     greedy = cfg.agent.model_copy(update={"temperature": 0.0})
     return tools, workflow, SearchAgentWorkflow(tokenizer, heldout_tools, greedy, cfg.reward), load_dataset(cfg.heldout.dataset)
@@ -220,7 +254,10 @@ async def _close_all(closers: Sequence[Any]) -> None:
             await res
 
 
-def _tools_per_corpus(cfg: TrainConfig, records: Sequence[dict[str, Any]], default_tools: Any, closers: list[Any]) -> dict[str, Any]:
+def _tools_per_corpus(
+    cfg: TrainConfig, records: Sequence[dict[str, Any]], default_tools: Any, closers: list[Any],
+    record_dir: Path | None = None,
+) -> dict[str, Any]:
     """corpus spec -> tools over it, for every corpus the records name (`corpus_from_data`)."""
     corpora = {r["metadata"].get("corpus") for r in records}
     if None in corpora or "" in corpora:
@@ -231,7 +268,8 @@ def _tools_per_corpus(cfg: TrainConfig, records: Sequence[dict[str, Any]], defau
         )
     out = {cfg.tools.corpus: default_tools} if cfg.tools.corpus else {}
     for corpus in sorted(corpora - set(out)):
-        out[corpus], more = build_tools(cfg.tools.model_copy(update={"corpus": corpus, "index": None}), progress=False)
+        corpus_cfg = cfg.tools.model_copy(update={"corpus": corpus, "index": None})
+        out[corpus], more = build_tools(corpus_cfg, progress=False, record_dir=record_dir)
         closers.extend(more)
     return out
 
@@ -254,9 +292,11 @@ async def _start_trainer(cfg: TrainConfig, launcher: Launcher | None, model: Any
         )
         if placed is not None:
             return placed, int(getattr(placed, "parameters", 0))
+    from asearch.models.device import resolve_device
     from asearch.models.loading import load_model
 
-    policy = model if model is not None else load_model(cfg.model)
+    device = resolve_device(cfg.trainer.device)
+    policy = (model if model is not None else load_model(cfg.model)).to(device)
     trainer = PolicyTrainer(policy, cfg.trainer, temperature=cfg.agent.temperature, total_steps=cfg.steps)
     return trainer, sum(p.numel() for p in policy.parameters())
 

@@ -15,7 +15,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["JUDGE_SYSTEM_PROMPT", "ChatClient", "JudgeVerdict", "LLMJudge", "parse_judgement"]
+__all__ = [
+    "JUDGE_PROMPT_VERSION",
+    "JUDGE_SYSTEM_PROMPT",
+    "VERDICT_PREFILL",
+    "ChatClient",
+    "JudgeVerdict",
+    "LLMJudge",
+    "parse_judgement",
+]
+
+# Bump whenever JUDGE_SYSTEM_PROMPT or _USER_TEMPLATE changes: every verdict records it, so a summary
+# shows when its verdicts came from different prompts.
+JUDGE_PROMPT_VERSION = "judge-v1"
+VERDICT_PREFILL = '{"judgement": "'  # what LLMJudge(prefill=...) starts a small model's reply with
 
 JUDGE_SYSTEM_PROMPT = """You grade answers to questions. You see a question, one or more reference \
 answers (any one of them is right), and a predicted answer. Decide whether the predicted answer \
@@ -58,6 +71,8 @@ class JudgeVerdict:
     raw: str = ""  # the last reply text (empty when no reply came)
     error: str | None = None
     attempts: int = 0  # chat calls made (0 when no call was needed)
+    model: str = ""  # the judge model (the name its endpoint serves)
+    prompt_version: str = JUDGE_PROMPT_VERSION
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -66,6 +81,8 @@ class JudgeVerdict:
             "raw": self.raw,
             "error": self.error,
             "attempts": self.attempts,
+            "model": self.model,
+            "prompt_version": self.prompt_version,
         }
 
 
@@ -110,7 +127,12 @@ class LLMJudge:
 
     `max_retries` bounds the extra attempts after the first (bad JSON and transport errors both
     count); the prediction is cut to `max_prediction_chars` so a rambling answer cannot flood the
-    judge's context.
+    judge's context. Verdicts carry `model` (default: the client's `model`) and `prompt_version`.
+
+    `prefill` starts the judge's reply for it: the chat ends with an assistant turn holding it, which the
+    server continues (`continue_final_message`: vLLM and `asearch engine serve` support it, hosted APIs do
+    not), and the reply is read as prefill + continuation. `VERDICT_PREFILL` leaves a model too small to
+    follow the JSON instruction only the verdict word to write.
     """
 
     def __init__(
@@ -121,6 +143,8 @@ class LLMJudge:
         max_prediction_chars: int = 500,
         retry_delay_s: float = 0.5,
         sampling: dict[str, Any] | None = None,
+        model: str | None = None,
+        prefill: str = "",
     ):
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
@@ -130,7 +154,13 @@ class LLMJudge:
         self.max_retries = max_retries
         self.max_prediction_chars = max_prediction_chars
         self.retry_delay_s = retry_delay_s
+        self.model = model if model is not None else str(getattr(client, "model", "") or "")
         self.sampling = {"temperature": 0.0, "max_tokens": 512} if sampling is None else dict(sampling)
+        self.prefill = prefill
+        if prefill:
+            self.sampling.update(add_generation_prompt=False, continue_final_message=True)
+        # the prefill is part of how the verdict is asked for, so verdicts say whether there was one
+        self.prompt_version = JUDGE_PROMPT_VERSION + ("+prefill" if prefill else "")
 
     def messages(self, question: str, prediction: str, golds: Sequence[str]) -> list[dict[str, str]]:
         """The chat sent for one verdict (system rubric + the case)."""
@@ -139,7 +169,8 @@ class LLMJudge:
         user = _USER_TEMPLATE.format(
             question=question.strip(), golds="\n".join(f"- {g}" for g in golds), prediction=prediction.strip()
         )
-        return [{"role": "system", "content": JUDGE_SYSTEM_PROMPT}, {"role": "user", "content": user}]
+        chat = [{"role": "system", "content": JUDGE_SYSTEM_PROMPT}, {"role": "user", "content": user}]
+        return [*chat, {"role": "assistant", "content": self.prefill}] if self.prefill else chat
 
     async def judge(self, question: str, prediction: str | None, golds: Sequence[str]) -> JudgeVerdict:
         """Verdict on one prediction. A missing or blank prediction is incorrect without asking the model."""
@@ -148,7 +179,12 @@ class LLMJudge:
         if not golds:
             raise ValueError("golds is empty: the judge needs at least one reference answer")
         if prediction is None or not prediction.strip():
-            return JudgeVerdict(correct=False, rationale="no answer was given")
+            return JudgeVerdict(
+                correct=False,
+                rationale="no answer was given",
+                model=self.model,
+                prompt_version=self.prompt_version,
+            )
         messages = self.messages(question, prediction, golds)
         raw, error = "", ""
         for attempt in range(1, self.max_retries + 2):
@@ -157,6 +193,7 @@ class LLMJudge:
                 raw = getattr(reply, "text", reply)
                 if not isinstance(raw, str):
                     raise TypeError(f"chat reply has no text (got {type(raw).__name__})")
+                raw = self.prefill + raw
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # transport, HTTP status, timeout: all worth another try
@@ -164,7 +201,14 @@ class LLMJudge:
             else:
                 try:
                     correct, rationale = parse_judgement(raw)
-                    return JudgeVerdict(correct=correct, rationale=rationale, raw=raw, attempts=attempt)
+                    return JudgeVerdict(
+                        correct=correct,
+                        rationale=rationale,
+                        raw=raw,
+                        attempts=attempt,
+                        model=self.model,
+                        prompt_version=self.prompt_version,
+                    )
                 except ValueError as e:
                     error = f"attempt {attempt}: unusable reply: {e}"
             if attempt <= self.max_retries and self.retry_delay_s > 0:
@@ -174,4 +218,6 @@ class LLMJudge:
             raw=raw,
             error=f"judge failed after {self.max_retries + 1} attempts; last: {error}",
             attempts=self.max_retries + 1,
+            model=self.model,
+            prompt_version=self.prompt_version,
         )

@@ -8,16 +8,19 @@ reader, so the cached model is an ordinary `LlamaForCausalLM`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from asearch.errors import ConfigError
 
@@ -68,14 +71,43 @@ def convert_gguf(source: Path, target: Path) -> Path:
     """Dequantise `source` into a safetensors HF directory at `target`, atomically (temp dir + rename).
 
     A killed conversion leaves only a `.tmp-*` sibling, never a half-written `target`; two concurrent
-    converters both succeed and the second rename just finds the directory already there.
+    converters both succeed and the second rename just finds the directory already there. Off a terminal
+    it logs one line when it starts and one when done, instead of transformers' progress bars.
     """
+    log.warning("converting %s -> %s (one time, about 30 s)", source.name, target)
+    t0 = time.perf_counter()
+    with _no_progress_bars_off_terminal():  # loading and saving both draw tqdm bars
+        model, tokenizer = _load_gguf(source)
+        write_dir_atomically(target, lambda tmp: _save_converted(model, tokenizer, source, tmp))
+    log.warning(
+        "converted %s in %.0f s: %s parameters",
+        source.name,
+        time.perf_counter() - t0,
+        f"{model.num_parameters():,}",
+    )
+    return target
+
+
+def _save_converted(model: Any, tokenizer: Any, source: Path, directory: Path) -> None:
+    """The HF directory: weights, tokenizer, then the provenance marker (written last)."""
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    marker = {
+        "source": source.name,
+        "source_bytes": source.stat().st_size,
+        "source_sha256": _sha256(source),
+        "parameters": model.num_parameters(),
+        "converted_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    (directory / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+
+
+def _load_gguf(source: Path) -> tuple[Any, Any]:
+    """(float32 LlamaForCausalLM, tokenizer with its chat template) from the GGUF file."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    log.warning("converting %s -> %s (one time, about 30 s)", source.name, target)
-    t0 = time.perf_counter()
     config = AutoConfig.from_pretrained(source.parent, gguf_file=source.name)
     # Build a plain model from the config and copy the dequantised tensors in: a model loaded with
     # `from_pretrained(gguf_file=...)` refuses save_pretrained (and that path also needs accelerate).
@@ -95,27 +127,28 @@ def convert_gguf(source: Path, target: Path) -> Path:
         raise ConfigError(f"{source}: the GGUF tokenizer carries no chat template")
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
 
-    def write(tmp: Path) -> None:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        marker = {
-            "source": source.name,
-            "source_bytes": source.stat().st_size,
-            "source_sha256": _sha256(source),
-            "parameters": model.num_parameters(),
-            "converted_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        }
-        (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
 
-    write_dir_atomically(target, write)
-    log.warning(
-        "converted %s in %.0f s: %s parameters",
-        source.name,
-        time.perf_counter() - t0,
-        f"{model.num_parameters():,}",
-    )
-    return target
+@contextlib.contextmanager
+def _no_progress_bars_off_terminal() -> Iterator[None]:
+    """Silence transformers' tqdm bars unless stderr is a terminal: in a log file or pipe each redraw is
+    another fragment (hundreds per conversion). The GGUF reader uses tqdm directly, so it is swapped out."""
+    if sys.stderr.isatty():
+        yield
+        return
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as hf_logging
+
+    bars_were_on, gguf_tqdm = hf_logging.is_progress_bar_enabled(), gguf_utils.tqdm
+    hf_logging.disable_progress_bar()
+    gguf_utils.tqdm = lambda items, *args, **kwargs: items
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = gguf_tqdm
+        if bars_were_on:
+            hf_logging.enable_progress_bar()
 
 
 def write_dir_atomically(target: Path, write: Callable[[Path], None]) -> None:

@@ -28,7 +28,9 @@ class MicroBatcher:
 
     While all `workers` are busy, new calls queue up; when a worker frees, everything queued (up to
     `max_batch` queries) goes out as one batch at once, so batches grow with load. A call that reaches an
-    idle batcher waits up to `window_s` for company before its batch starts.
+    idle batcher waits up to `window_s` for company before its batch starts. A call larger than `max_batch`
+    (a trainer's whole rollout batch in one request) queues as parts of `max_batch` queries, which go out
+    one batch each, FIFO with everyone else's: `max_batch` bounds what one retriever call holds.
 
     Each caller gets the first `topk` hits of its own queries, so retrievers must rank deterministically:
     a top-k list must be a prefix of the top-K list (K >= k), ties broken in a fixed order.
@@ -53,12 +55,26 @@ class MicroBatcher:
         self._running: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to tasks
 
     async def search(self, queries: Sequence[str], topk: int) -> list[list[SearchHit]]:
+        """The top `topk` hits of each query, in order; a call with more than `max_batch` queries is searched
+        in parts of `max_batch`, so no retriever call ever holds more than that (the memory bound)."""
         if not queries:
             return []
         queue = self._bind_to_running_loop()
-        future: asyncio.Future[list[list[SearchHit]]] = asyncio.get_running_loop().create_future()
-        queue.put_nowait(_Pending(list(queries), topk, future))
-        return await future
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[list[list[SearchHit]]]] = []
+        for start in range(0, len(queries), self.max_batch):
+            futures.append(loop.create_future())
+            queue.put_nowait(_Pending(list(queries[start : start + self.max_batch]), topk, futures[-1]))
+        try:
+            parts = await asyncio.gather(*futures)
+        except BaseException:
+            for f in futures:  # the other parts: unqueued, or their failure read, so none is left dangling
+                if not f.done():
+                    f.cancel()
+                elif not f.cancelled():
+                    f.exception()
+            raise
+        return [row for part in parts for row in part]
 
     def close(self) -> None:
         """Stop collecting and release the worker threads; a later `search` starts afresh."""

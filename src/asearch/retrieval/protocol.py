@@ -69,16 +69,23 @@ class ScoredDoc(BaseModel):
         return SearchHit(passage=self.document.to_passage(), score=self.score)
 
 
+_TRUNCATED = (
+    "Queries of the request cut to the server's max_query_chars before searching (0 from servers without it)."
+)
+
+
 class RetrieveResponse(BaseModel):
-    """`{"result": [[doc, ...], ...]}`: one list per query, best first."""
+    """`{"result": [[doc, ...], ...], "truncated_queries": n}`: one list per query, best first."""
 
     result: list[list[Doc]]
+    truncated_queries: int = Field(0, description=_TRUNCATED)
 
 
 class ScoredRetrieveResponse(BaseModel):
     """`{"result": [[{"document": doc, "score": s}, ...], ...]}` (when `return_scores` is true)."""
 
     result: list[list[ScoredDoc]]
+    truncated_queries: int = Field(0, description=_TRUNCATED)
 
 
 def hits_to_wire(hits: list[list[SearchHit]], return_scores: bool) -> list[list[dict[str, Any]]]:
@@ -154,6 +161,7 @@ class StatsResponse(BaseModel):
     uptime_s: float
     endpoints: dict[str, EndpointStats]
     batching: BatchStats
+    truncated_queries: int = Field(0, description="Queries cut to max_query_chars since the server started.")
     index: dict[str, Any] = Field(default_factory=dict)
 
 

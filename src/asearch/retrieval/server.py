@@ -53,11 +53,30 @@ class ServerConfig(Config):
     port: int = Field(8000, ge=0, le=65535, description="TCP port (0 = any free port).")
     default_topk: int = Field(3, ge=1, description="topk when a request omits it (Search-R1 default).")
     max_topk: int = Field(100, ge=1, description="Largest topk accepted (422 above).")
-    max_queries: int = Field(512, ge=1, description="Most queries in one /retrieve request (413 above).")
-    max_query_chars: int = Field(4096, ge=1, description="Longest query in characters (422 above).")
+    max_queries: int = Field(
+        16384,
+        ge=1,
+        description=(
+            "Most queries in one /retrieve request (413 above); a trainer sends its whole rollout batch at "
+            "once (Search-R1 GRPO: 512 prompts x 5 = 2,560), searched in parts of max_batch."
+        ),
+    )
+    max_query_chars: int = Field(
+        4096,
+        ge=1,
+        description=(
+            "Queries longer than this are cut to it before searching, never refused; the response's "
+            "`truncated_queries` and /stats count them."
+        ),
+    )
     max_urls: int = Field(64, ge=1, description="Most urls in one /access request (413 above).")
     max_body_bytes: int = Field(
-        8 << 20, ge=1024, description="Largest request body (413), by Content-Length or as it streams in."
+        64 << 20,
+        ge=1024,
+        description=(
+            "Largest request body (413), by Content-Length or as it streams in; room for max_queries queries "
+            "of a few thousand characters."
+        ),
     )
     batch_window_ms: float = Field(
         0.0,
@@ -68,7 +87,12 @@ class ServerConfig(Config):
         ),
     )
     max_batch: int = Field(
-        256, ge=1, description="Most queries per retriever call (one request is never split)."
+        256,
+        ge=1,
+        description=(
+            "Most queries per retriever call: the memory bound of a search (encoder batch, score matrix); "
+            "a larger request is searched in parts of this size."
+        ),
     )
     workers: int = Field(
         1,
@@ -131,6 +155,7 @@ class ServerStats:
         self.endpoints = {e: _EndpointCounters(window=_Window(window)) for e in self.ENDPOINTS}
         self.batches = 0
         self.batched_queries = 0
+        self.truncated_queries = 0  # cut to max_query_chars (ServerConfig) before searching
         self.max_batch_seen = 0
         self._histogram: dict[int, int] = {}  # bucket upper bound -> count (sorted on report)
         self._batch_window = _Window(window)
@@ -175,6 +200,7 @@ class ServerStats:
             uptime_s=round(time.monotonic() - self.started, 3),
             endpoints=endpoints,
             batching=batching,
+            truncated_queries=self.truncated_queries,
             index=index,
         )
 
@@ -336,7 +362,8 @@ def create_app(
 
     @app.post("/retrieve", responses=_ERRORS, openapi_extra=_json_body(RetrieveRequest))
     async def retrieve(request: Request) -> JSONResponse:
-        """Top-k passages per query: `{"result": [[doc, ...], ...]}` (docs wrapped with scores on request)."""
+        """Top-k passages per query: `{"result": [[doc, ...], ...], "truncated_queries": n}` (docs wrapped
+        with scores on request; n queries were cut to max_query_chars)."""
         req = await _parse_body(request, RetrieveRequest, cfg.max_body_bytes)
         queries = req.query_list()
         topk = req.topk if req.topk is not None else cfg.default_topk
@@ -344,17 +371,17 @@ def create_app(
             raise HTTPException(413, f"too many queries: {len(queries)} > max_queries={cfg.max_queries}")
         if topk > cfg.max_topk:
             raise HTTPException(422, f"topk={topk} is over max_topk={cfg.max_topk}")
-        for i, q in enumerate(queries):
-            if len(q) > cfg.max_query_chars:
-                raise HTTPException(
-                    422, f"query {i} has {len(q)} characters, over max_query_chars={cfg.max_query_chars}"
-                )
+        # peers' servers take any length, and their clients retry a refusal until they fail: cut and count
+        truncated = sum(len(q) > cfg.max_query_chars for q in queries)
+        if truncated:
+            queries = [q[: cfg.max_query_chars] for q in queries]
+            stats.truncated_queries += truncated
         try:
             hits = await batcher.search(queries, topk)
         except Exception as e:
             log.exception("retriever %s failed on a batch", retriever_name)
             raise HTTPException(500, f"retriever {retriever_name!r} failed: {type(e).__name__}: {e}") from e
-        return JSONResponse({"result": hits_to_wire(hits, req.return_scores)})
+        return JSONResponse({"result": hits_to_wire(hits, req.return_scores), "truncated_queries": truncated})
 
     @app.post("/access", responses=_ERRORS, openapi_extra=_json_body(AccessRequest))
     async def access(request: Request) -> JSONResponse:

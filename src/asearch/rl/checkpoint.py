@@ -62,7 +62,7 @@ def resume_from_checkpoint(run: RunDir, trainer: Trainer, log: Callable[[str], A
     ckpt = latest_checkpoint(run.path)
     if ckpt is None:
         return Resume()
-    trainer.load_state_dict(torch.load(ckpt / "trainer.pt", weights_only=False))
+    trainer.load_state_dict(torch.load(ckpt / "trainer.pt", map_location="cpu", weights_only=False))
     state = json.loads((ckpt / "state.json").read_text())
     resume = Resume(state["step"], state["rl_wall_s"], RolloutController.restore_parts(state["controller"]))
     if dropped := run.rewind(resume.step):

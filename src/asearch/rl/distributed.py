@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from asearch.errors import ConfigError
 from asearch.net import free_port
 from asearch.rl.trainer import PolicyTrainer, Sample, TrainerConfig, write_hf_dir
 
@@ -121,6 +122,8 @@ class DistributedPolicyTrainer(PolicyTrainer):
         temperature: float = 1.0,
         total_steps: int = 1,
     ):
+        if cfg.lora.enabled:
+            raise ConfigError("trainer.lora with FSDP trainer ranks is not supported: train LoRA in one process (launcher none or local)")
         self.env = env or init_distributed()
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()  # before sharding, so FSDP wraps the checkpointed layers

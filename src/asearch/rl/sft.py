@@ -9,7 +9,8 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, model_validator
 
-from asearch.config import Config
+from asearch.models.device import TrainingPlacement, autocast, resolve_device, resolve_dtype
+from asearch.models.lora import LoraConfig, add_lora, is_lora
 from asearch.rl.optim import OptimConfig, lr_factor, make_optimizer
 from asearch.rl.trainer import Sample, micro_batches, sequence_logprobs
 
@@ -18,7 +19,7 @@ def _sft_optim() -> OptimConfig:
     return OptimConfig(lr=2e-3, weight_decay=0.01, warmup_steps=20, schedule="cosine", min_lr_ratio=0.1)
 
 
-class SFTConfig(Config):
+class SFTConfig(TrainingPlacement):
     steps: int = Field(400, ge=1, description="Optimizer steps (the cosine schedule ends at the last one).")
     batch_size: int = Field(32, ge=1, description="Sequences per optimizer step.")
     optim: OptimConfig = Field(
@@ -41,10 +42,9 @@ class SFTConfig(Config):
         "unpredictable; fitting it teaches priors over names (which suffix follows a name word) that then "
         "compete with copying when the model writes the name.",
     )
-    bf16: bool = Field(
-        False,
-        description="Run forward and backward under bfloat16 autocast (weights and optimizer stay float32): "
-        "faster on CPUs with AVX512-BF16 (docs/demo.md).",
+    lora: LoraConfig = Field(
+        default_factory=LoraConfig,
+        description="LoRA adapters (lora.r > 0): only they train, merged into the model when SFT ends.",
     )
     seed: int = Field(0, description="Seeds the order in which samples are drawn.")
 
@@ -54,6 +54,10 @@ class SFTConfig(Config):
         """The optimiser's keys used to sit beside `steps`: say where they went."""
         if not isinstance(data, dict):
             return data
+        if "bf16" in data:  # the old switch, kept working: bf16 autocast on or off
+            data = {k: v for k, v in data.items() if k != "bf16"} | {
+                "dtype": data.get("dtype", "bfloat16" if str(data["bf16"]).lower() in {"true", "1"} else "float32")
+            }
         moved = sorted({"lr", "min_lr_ratio", "warmup_steps", "weight_decay", "grad_clip"} & set(data))
         if moved:
             raise ValueError(
@@ -64,11 +68,15 @@ class SFTConfig(Config):
 
 
 def sft(model: Any, samples: Sequence[Sample], cfg: SFTConfig, *, on_step: Callable[[int, float], None] | None = None):
-    """Train `model` in place on `samples` (loss only where loss_mask is 1). Returns per-step losses."""
+    """Train `model` in place on `samples` (loss only where loss_mask is 1). Returns per-step losses.
+    With LoRA the adapters train and are merged into `model`'s own weights at the end."""
     rng = random.Random(cfg.seed)
-    opt = make_optimizer(model.parameters(), cfg.optim)
+    device = resolve_device(cfg.device)
+    base = model.to(device)
+    model = add_lora(base, cfg.lora, seed=cfg.seed)  # adapters wrap `base`'s own modules
+    compute_dtype = resolve_dtype(cfg.dtype, device)
+    opt = make_optimizer([p for p in model.parameters() if p.requires_grad], cfg.optim)
     model.train()
-    device = next(model.parameters()).device.type
     context = None  # per sample: 1 on the read tokens the context loss covers (None: every read token)
     if cfg.context_tokens == "repeated":
         context = [[r * (1 - m) for r, m in zip(repeated_bigrams(s.token_ids), s.loss_mask, strict=True)] for s in samples]
@@ -90,7 +98,7 @@ def sft(model: Any, samples: Sequence[Sample], cfg: SFTConfig, *, on_step: Calla
             rows = [batch[i] for i in micro]
             # per row: the weight of each position's loss (1 generated, w_ctx on the covered read tokens)
             weights = [[m + w_ctx * c for m, c in zip(s.loss_mask, ctx[i], strict=True)] for s, i in zip(rows, micro, strict=True)]
-            with torch.autocast(device, dtype=torch.bfloat16, enabled=cfg.bf16):
+            with autocast(device, compute_dtype):
                 lp = sequence_logprobs(model, rows, temperature=1.0, generated_only=not w_ctx).float()
             mask = torch.zeros_like(lp)
             for r, ws in enumerate(weights):
@@ -104,7 +112,9 @@ def sft(model: Any, samples: Sequence[Sample], cfg: SFTConfig, *, on_step: Calla
         losses.append(total)
         if on_step:
             on_step(step, total)
-    model.eval()
+    if is_lora(model):
+        model.merge_and_unload()  # W += (alpha / r) B A in `base`'s modules, the adapters removed
+    base.eval()
     return losses
 
 

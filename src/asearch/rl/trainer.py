@@ -19,7 +19,6 @@ from typing import Any, Literal, Protocol
 import torch
 from pydantic import Field
 
-from asearch.config import Config
 from asearch.metrics.offpolicy import (
     MASKED_FRAC,
     MASKED_FRAC_BY_STALENESS,
@@ -29,12 +28,22 @@ from asearch.metrics.offpolicy import (
     VERSIONS_BEHIND_HIST,
     VERSIONS_BEHIND_LABELS,
 )
+from asearch.models.device import TrainingPlacement, autocast, resolve_dtype
+from asearch.models.lora import (
+    LoraConfig,
+    adapter_state_dict,
+    add_lora,
+    base_model,
+    is_lora,
+    load_adapter_state_dict,
+    merged_state_dict,
+)
 from asearch.rl.advantages import AdvantageConfig, group_advantages
 from asearch.rl.loss import LossConfig, corrected_weights, decoupled_ppo_loss
 from asearch.rl.optim import OptimConfig, lr_factor, make_optimizer
 
 
-class TrainerConfig(Config):
+class TrainerConfig(TrainingPlacement):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
     advantages: AdvantageConfig = Field(default_factory=AdvantageConfig)
@@ -48,6 +57,10 @@ class TrainerConfig(Config):
         "recompute", description="recompute: one extra forward per step; loglinear: interpolate by versions."
     )
     gradient_checkpointing: bool = False
+    lora: LoraConfig = Field(
+        default_factory=LoraConfig,
+        description="LoRA adapters (lora.r > 0): only they train; checkpoints hold them alone, engines get merged weights.",
+    )
     seed: int = 0
 
 
@@ -209,11 +222,16 @@ class Trainer(Protocol):
 
 class PolicyTrainer:
     def __init__(self, model: Any, cfg: TrainerConfig, *, temperature: float = 1.0, total_steps: int = 1):
+        model = add_lora(model, cfg.lora, seed=cfg.seed)
         self.model, self.cfg, self.temperature = model, cfg, temperature
         self.total_steps = max(total_steps, 1)
+        self.device = next(model.parameters()).device  # the caller places the model (`trainer.device`)
+        self.compute_dtype = resolve_dtype(cfg.dtype, self.device)
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        self.optimizer = make_optimizer(model.parameters(), cfg.optim)
+            if is_lora(model):  # frozen embeddings: checkpointed blocks need an input that requires grad
+                model.enable_input_require_grads()
+        self.optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], cfg.optim)
         self._progress: float | None = None  # the run's, when the caller says (see train_step)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.rng = random.Random(cfg.seed)
@@ -262,7 +280,7 @@ class PolicyTrainer:
         # other minibatches need this extra pass, and with one minibatch (the default) it is skipped.
         prox: dict[int, torch.Tensor] = {}
         if cfg.prox == "recompute" and cfg.n_minibatches > 1:
-            with torch.no_grad():
+            with torch.no_grad(), autocast(self.device, self.compute_dtype):
                 for idx in self._micro_batches(samples, sorted(i for mb in minibatches[1:] for i in mb)):
                     lp = sequence_logprobs(self.model, [samples[i] for i in idx] or [_NOOP], self.temperature, generated_only=True)
                     for r, i in enumerate(idx):
@@ -313,7 +331,8 @@ class PolicyTrainer:
         (the first pass over the samples: each is counted once), the lab's counts."""
         rows = [samples[i] for i in idx] or [_NOOP]
         longest = max(len(s.token_ids) for s in rows)
-        logp = sequence_logprobs(self.model, rows, self.temperature, generated_only=True)
+        with autocast(self.device, self.compute_dtype):
+            logp = sequence_logprobs(self.model, rows, self.temperature, generated_only=True)
         behav = _pad([s.behav_logprobs for s in rows], longest)
         mask = _pad([s.loss_mask for s in rows], longest)
         adv = torch.tensor([s.advantage for s in rows])[:, None].expand(-1, longest)
@@ -356,12 +375,18 @@ class PolicyTrainer:
 
     def save_hf(self, directory: str | os.PathLike[str], tokenizer: Any = None) -> Path:
         """The policy as a Hugging Face directory (config + safetensors, and the tokenizer if given):
-        what `engine.update_weights(directory, version)` loads on a rollout server."""
-        return write_hf_dir(self.model, directory, tokenizer=tokenizer)
+        what `engine.update_weights(directory, version)` loads on a rollout server. With LoRA: the merged
+        weights, and the adapters alone in `directory/adapter` (peft's format)."""
+        if not is_lora(self.model):
+            return write_hf_dir(self.model, directory, tokenizer=tokenizer)
+        return write_hf_dir(
+            base_model(self.model), directory, tokenizer=tokenizer, state_dict=merged_state_dict(self.model),
+            adapter=self.model,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "model": self.model.state_dict(),
+            "model": adapter_state_dict(self.model) if is_lora(self.model) else self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "step": self.step,
@@ -369,7 +394,10 @@ class PolicyTrainer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
+        if is_lora(self.model):
+            load_adapter_state_dict(self.model, state["model"])
+        else:
+            self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = state["step"]
@@ -377,14 +405,18 @@ class PolicyTrainer:
 
 
 def write_hf_dir(
-    model: Any, directory: str | os.PathLike[str], *, tokenizer: Any = None, state_dict: dict | None = None
+    model: Any, directory: str | os.PathLike[str], *, tokenizer: Any = None, state_dict: dict | None = None,
+    adapter: Any = None,
 ) -> Path:
-    """`model.save_pretrained` (with `state_dict` instead of the model's own, if given) into a temporary
-    sibling that then replaces `directory`, so a server never reads a half-written directory."""
+    """`model.save_pretrained` (with `state_dict` instead of the model's own, if given; a peft `adapter`'s
+    own files under `adapter/`) into a temporary sibling that then replaces `directory`, so a server never
+    reads a half-written directory."""
     directory = Path(directory)
     tmp = directory.with_name(f".tmp-{directory.name}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, state_dict=state_dict)
+    if adapter is not None:
+        adapter.save_pretrained(tmp / "adapter")
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
     shutil.rmtree(directory, ignore_errors=True)

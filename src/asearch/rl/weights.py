@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from asearch.engine.types import Engine
+from asearch.models.lora import merged_state_dict
 from asearch.rl.trainer import PolicyTrainer, Trainer
 
 
@@ -31,7 +32,7 @@ class LiveWeights:
     trainer: PolicyTrainer
 
     async def push(self, version: int) -> None:
-        await self.engine.update_weights(self.trainer.model.state_dict(), version)
+        await self.engine.update_weights(merged_state_dict(self.trainer.model), version)  # LoRA: merged
 
 
 @dataclass

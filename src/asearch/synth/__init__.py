@@ -1,12 +1,14 @@
 """QA synthesis: hard, grounded questions with a single right answer, by INJECT/FUZZ edits behind gates.
 
-Two backends share one pipeline: `GraphBackend` edits knowledge-graph patterns over the embedded world
-(uniqueness checked exactly), `LLMBackend` prompts an OpenAI-compatible endpoint. `run_synthesis`
-writes ASearcher-shaped jsonl that `asearch train` and `asearch eval` read as it is.
+Three backends share one run: `GraphBackend` edits knowledge-graph patterns over the embedded world
+(uniqueness checked exactly), `LLMBackend` prompts an OpenAI-compatible endpoint once per operator, and
+the agent backend (`asearch.synth.agentic.SynthAgentWorkflow`) has an LLM choose each step in the agent
+loop. `run_synthesis` writes ASearcher-shaped jsonl that `asearch train` and `asearch eval` read as it is.
 """
 
 from asearch.synth.backend import Draft, GateResult, Seed, SynthBackend
 from asearch.synth.config import (
+    AgentBackendConfig,
     DedupConfig,
     EndpointConfig,
     GateConfig,
@@ -31,6 +33,7 @@ from asearch.synth.records import EditStep, Statement, SynthQuestion, Uniqueness
 from asearch.synth.solver import ChatDirectSolver, DirectResult, DirectSolver, EngineDirectSolver, Grader
 
 __all__ = [
+    "AgentBackendConfig",
     "Attempt",
     "ChatDirectSolver",
     "DedupConfig",

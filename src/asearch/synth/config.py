@@ -164,23 +164,103 @@ class LLMBackendConfig(Config):
     )
 
 
+class AgentBackendConfig(Config):
+    """The agentic backend: after the base QA, an LLM chooses every step (search, access, inject, fuzz, stop)
+    in the agent loop; the gates run after each edit and the agent reads their verdicts."""
+
+    engine: EngineConfig | None = Field(
+        None,
+        description="The synthesis agent's model (docs/engines.md); it writes token prompts, so a chat endpoint "
+        "is engine kind openai with the served model's tokenizer (engine.tokenizer). Default: llm.generator's "
+        "endpoint as kind openai, the tokenizer named by its model.",
+    )
+    max_turns: int = Field(
+        16, ge=1, description="LLM calls of the agent per seed; without an accepted stop by then: no_stop."
+    )
+    max_new_tokens: int = Field(
+        384, ge=16, description="New tokens per agent turn (an edit is a JSON object)."
+    )
+    max_context_tokens: int = Field(
+        8192,
+        ge=256,
+        description="Prompt + new tokens of one agent call; beyond it the episode ends (no_stop).",
+    )
+    temperature: float = Field(0.7, ge=0, description="Sampling temperature of the agent's turns.")
+    search_topk: int = Field(5, ge=1, description="Results per search.")
+    page_chars: int = Field(
+        3000, ge=200, description="access shows a page this many characters at a time (the agent pages on)."
+    )
+    max_links: int = Field(
+        8,
+        ge=0,
+        description="Pages linked from the seed page listed in the agent's brief (places to inject from).",
+    )
+    min_injections: int = Field(
+        1,
+        ge=0,
+        description="Kept INJECT edits before a stop is accepted; an earlier stop is refused with the reason.",
+    )
+    tool_timeout_s: float = Field(
+        600.0, gt=0, description="An edit's gates (judge and solver calls) must finish within this."
+    )
+    tool_solver_k: int = Field(
+        1,
+        ge=0,
+        description="Episodes of a search agent (with tools) on the question the agent stops with; 0: none.",
+    )
+    tool_solver_style: str = Field(
+        "search-r1",
+        description="Agent style of that search agent (docs/agent.md): search-r1, asearcher, guided.",
+    )
+    tool_solver_max_turns: int = Field(8, ge=1, description="LLM calls of that search agent per episode.")
+    min_tool_correct: int = Field(
+        0,
+        ge=0,
+        description="Solvable: at least this many of the tool_solver_k episodes answer right (0: measured, not gated).",
+    )
+
+    @model_validator(mode="after")
+    def _solver_can_pass(self) -> AgentBackendConfig:
+        if self.min_tool_correct > self.tool_solver_k:
+            raise ValueError(
+                f"agent.min_tool_correct={self.min_tool_correct} can never be met with "
+                f"agent.tool_solver_k={self.tool_solver_k} episodes"
+            )
+        from asearch.agent.styles import get_style  # the agent package is heavier than this config
+
+        get_style(self.tool_solver_style)  # an unknown style names the known ones
+        return self
+
+
 class SynthConfig(Config):
     """One synthesis run (`asearch synth configs/synth-world.yaml --out DIR`)."""
 
-    backend: Literal["graph", "llm"] = Field("graph", description="graph: the embedded world; llm: prompts.")
+    backend: Literal["graph", "llm", "agent"] = Field(
+        "graph",
+        description="graph: the embedded world; llm: one prompt per operator; agent: an LLM picks each step "
+        "(search, access, inject, fuzz, stop) in the agent loop.",
+    )
     seed: int = Field(0, description="Seeds the seed order and every operator's choices.")
-    n_questions: int = Field(500, ge=1, description="Stop once this many distinct questions are accepted.")
+    n_questions: int = Field(
+        500,
+        ge=1,
+        description="At most this many distinct questions are written (seeds in flight are cut off).",
+    )
     max_seeds: int | None = Field(None, ge=1, description="Try at most this many seeds (default: all).")
-    rounds: int = Field(6, ge=0, description="T: edit rounds per question at most.")
+    rounds: int = Field(6, ge=0, description="T: edit rounds per question at most (agent: edits proposed).")
     min_edits: int = Field(2, ge=0, description="Kept edits a question needs before it may stop as hard.")
     p_inject: float = Field(
-        0.6, ge=0, le=1, description="Chance a round tries INJECT first (else FUZZ first)."
+        0.6,
+        ge=0,
+        le=1,
+        description="Chance a round tries INJECT first (else FUZZ first); the agent chooses itself.",
     )
     concurrency: int = Field(32, ge=1, description="Questions in the making at once.")
     id_prefix: str = Field("synth", description="Question ids are <prefix>-<seed index>.")
     out: Path | None = Field(None, description="Output directory (rerun with it to resume).")
     graph: GraphBackendConfig = Field(default_factory=GraphBackendConfig)
     llm: LLMBackendConfig = Field(default_factory=LLMBackendConfig)
+    agent: AgentBackendConfig = Field(default_factory=AgentBackendConfig)
     solver: SolverConfig = Field(default_factory=SolverConfig)
     grading: GradingConfig = Field(default_factory=GradingConfig)
     gates: GateConfig = Field(default_factory=GateConfig)
@@ -188,9 +268,9 @@ class SynthConfig(Config):
 
     @model_validator(mode="after")
     def _backend_ready(self) -> SynthConfig:
-        if self.backend == "llm" and self.llm.generator is None:
+        if self.backend in ("llm", "agent") and self.llm.generator is None:
             raise ValueError(
-                "backend='llm' needs llm.generator (base_url and model of the generator endpoint)"
+                f"backend={self.backend!r} needs llm.generator (base_url and model of the generator endpoint)"
             )
         if self.grading.method == "judge" and self.backend == "graph" and self.llm.judge is None:
             raise ValueError(
@@ -203,6 +283,19 @@ class SynthConfig(Config):
         d = self.model_dump(mode="json")
         for key in ("n_questions", "max_seeds", "concurrency", "out"):
             d.pop(key)
-        for key in ("max_concurrency", "max_batch", "threads", "timeout_s", "retries"):
-            d["solver"]["engine"].pop(key, None)  # how fast it answers, not what
+        speed = ("max_concurrency", "max_batch", "threads", "timeout_s", "retries")  # how fast, not what
+        for engine in (d["solver"]["engine"], d["agent"]["engine"] or {}):
+            for key in speed:
+                engine.pop(key, None)
         return d
+
+    def agent_engine(self) -> EngineConfig:
+        """The synthesis agent's engine: `agent.engine`, else the generator's endpoint as kind openai."""
+        if self.agent.engine is not None:
+            return self.agent.engine
+        gen = self.llm.generator
+        assert gen is not None, "backend agent needs llm.generator"  # _backend_ready checks it
+        return EngineConfig.model_validate(
+            {"kind": "openai", "base_url": gen.base_url, "model": gen.model, "api_key_env": gen.api_key_env,
+             "max_concurrency": gen.max_concurrency, "timeout_s": gen.timeout_s, "retries": gen.retries}
+        )  # fmt: skip

@@ -168,6 +168,7 @@ class LLMBackend:
         judge_sampling = self._sampling(self.judge_cfg, JUDGE_SCHEMA, judge=True)
         self.judge = LLMJudge(self.judge_client, sampling=judge_sampling)
         self._pages: dict[str, Page] | None = None
+        self._read: dict[str, Page] = {}  # pages read outside the corpus (the agent backend's web pages)
 
     def models(self) -> dict[str, str]:
         return {"generator": str(self.generator.model), "judge": str(self.judge_client.model)}
@@ -215,7 +216,18 @@ class LLMBackend:
         return self._pages
 
     def page(self, url: str) -> Page | None:
-        return self._all_pages().get(url)
+        return self._read.get(url) or self._all_pages().get(url)
+
+    def find_page(self, raw_url: str) -> Page | None:
+        """The page a url as an agent wrote it names (wrappers, #fragment and trailing slash tolerated)."""
+        from asearch.retrieval.protocol import url_variants
+
+        return next((p for key in url_variants(raw_url) if (p := self.page(key)) is not None), None)
+
+    def remember(self, page: Page) -> None:
+        """Let the gates check statements against a page read outside the corpus (e.g. from the web)."""
+        if self.page(page.url) is None:
+            self._read[page.url] = page
 
     def seeds(self) -> list[Seed]:
         pages = list(self._all_pages().values())
@@ -296,7 +308,7 @@ class LLMBackend:
         obj = json_reply(reply, ("question", "statement"))
         if obj is None:
             return _broken(f"generator reply has no JSON with question and statement: {reply[:200]!r}", draft)
-        problem = _answer_changed(obj, draft.answer)
+        problem = answer_changed(obj, draft.answer)
         return Draft(
             question=str(obj["question"]).strip(),
             answers=list(draft.answers),
@@ -316,7 +328,7 @@ class LLMBackend:
             question=str(obj["question"]).strip(),
             answers=list(draft.answers),
             statements=list(draft.statements),
-            state={"urls": list(draft.state["urls"]), "problem": _answer_changed(obj, draft.answer)},
+            state={"urls": list(draft.state["urls"]), "problem": answer_changed(obj, draft.answer)},
             paraphrases=list(draft.paraphrases),
             note=f"fuzz: {str(obj.get('blurred', '')).strip()[:200]}",
         )
@@ -387,7 +399,8 @@ def _broken(problem: str, before: Draft | None = None) -> Draft:
     )
 
 
-def _answer_changed(obj: dict[str, Any], answer: str) -> str:
+def answer_changed(obj: dict[str, Any], answer: str) -> str:
+    """Why an edit reply that also gives an `answer` is refused: the answer must never change ("" if same)."""
     if "answer" in obj and normalize_answer(str(obj["answer"])) != normalize_answer(answer):
         return f"answer changed: {answer!r} -> {str(obj['answer'])!r}"
     return ""

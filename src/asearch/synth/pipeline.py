@@ -1,6 +1,6 @@
-"""The synthesis loop shared by both backends, and a resumable, concurrent run over many seeds.
+"""A resumable, concurrent synthesis run over many seeds, with every backend.
 
-Per seed: base QA -> gates -> up to T rounds of INJECT or FUZZ, each edit kept only if it passes the
+Per seed (`asearch.synth.synthesizer.Synthesizer`, or the agent of `asearch.synth.agentic`): base QA -> gates -> up to T rounds of INJECT or FUZZ, each edit kept only if it passes the
 quality and uniqueness gates and does not get easier -> accepted once hard (at most `max_correct` of
 the solver's k tool-less answers right) after at least `min_edits` kept edits. Every finished seed is
 appended to `attempts.jsonl`; a rerun skips those, so a killed run continues where it stopped. The
@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
-import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Protocol
 
 from asearch.config import dump_config
 from asearch.errors import AsearchError, ConfigError
@@ -30,204 +28,27 @@ from asearch.files import (
     write_jsonl,
 )
 from asearch.metrics.normalize import normalize_answer
-from asearch.synth.backend import Draft, EditAction, Seed, SynthBackend
+from asearch.synth.backend import Seed, SynthBackend
 from asearch.synth.config import SynthConfig
 from asearch.synth.dedup import NearDuplicateIndex
-from asearch.synth.records import EditStep, SynthQuestion, Uniqueness
+from asearch.synth.preflight import check_endpoints, endpoints_to_check
 from asearch.synth.report import build_report, render_report
-from asearch.synth.solver import DirectResult, DirectSolver, Grader
+from asearch.synth.solver import DirectSolver, Grader
+from asearch.synth.synthesizer import Attempt, Synthesizer
+
+__all__ = [
+    "Attempt",
+    "Progress",
+    "SynthSummary",
+    "Synthesizer",
+    "finalize",
+    "run_synthesis",
+    "run_synthesis_async",
+]
 
 ATTEMPTS_FILE = "attempts.jsonl"
 ERRORS_FILE = "errors.jsonl"
 QUESTIONS_FILE = "questions.jsonl"
-
-Status = Literal["accepted", "rejected"]
-
-
-@dataclass(slots=True)
-class Attempt:
-    """What happened to one seed: accepted with its question, or rejected with a reason code."""
-
-    seed: Seed
-    status: Status
-    reason_code: str  # accepted | no_base | base_quality | base_not_unique | not_hard | too_few_edits
-    reason: str
-    history: list[EditStep]
-    question: SynthQuestion | None = None
-    inapplicable: int = 0  # operator tries that found nothing to edit
-    solver_calls: int = 0
-    judge_errors: int = 0
-    elapsed_s: float = 0.0
-    structure: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "seed": self.seed.to_dict(),
-            "status": self.status,
-            "reason_code": self.reason_code,
-            "reason": self.reason,
-            "history": [s.to_dict() for s in self.history],
-            "question": None if self.question is None else self.question.to_row(),
-            "inapplicable": self.inapplicable,
-            "solver_calls": self.solver_calls,
-            "judge_errors": self.judge_errors,
-            "elapsed_s": round(self.elapsed_s, 4),
-            "structure": self.structure,
-        }
-
-
-class Synthesizer:
-    """Runs the per-seed loop with one backend, one solver and one grader."""
-
-    def __init__(self, backend: SynthBackend, solver: DirectSolver, grader: Grader, cfg: SynthConfig):
-        self.backend, self.solver, self.grader, self.cfg = backend, solver, grader, cfg
-
-    def models(self) -> dict[str, str]:
-        judge = getattr(self.grader.judge, "client", None)
-        return {
-            **self.backend.models(),
-            "solver": self.solver.name,
-            "grader": self.grader.name + (f":{judge.model}" if judge is not None else ""),
-        }
-
-    def is_hard(self, result: DirectResult) -> bool:
-        return result.n_correct <= self.cfg.gates.max_correct
-
-    async def synthesize(self, seed: Seed) -> Attempt:
-        """One seed from base QA to accepted or rejected; exceptions propagate (the runner logs them)."""
-        cfg, backend = self.cfg, self.backend
-        t0 = time.perf_counter()
-        rng = random.Random(f"asearch-synth/{cfg.seed}/{seed.key}")
-        attempt = Attempt(seed, "rejected", "", "", [])
-
-        def finish(code: str, reason: str, status: Status = "rejected") -> Attempt:
-            attempt.status, attempt.reason_code, attempt.reason = status, code, reason
-            attempt.elapsed_s = time.perf_counter() - t0
-            return attempt
-
-        base = await backend.base(seed, rng)
-        if base is None:
-            return finish("no_base", "the seed offers no fact to ask about")
-        step = EditStep(
-            0, "base", base.question, False, reason=base.note, statements_added=list(base.statements)
-        )
-        attempt.history.append(step)
-        verdict = await self._gates(None, base, step, attempt)
-        if verdict is None:
-            return finish(f"base_{step.rejected_by}", step.reason)
-        current, current_result, uniqueness = base, *verdict
-        step.kept = True
-        kept_edits = 0
-
-        for rnd in range(1, cfg.rounds + 1):
-            if kept_edits >= cfg.min_edits and self.is_hard(current_result):
-                break
-            first: EditAction = "inject" if rng.random() < cfg.p_inject else "fuzz"
-            action, draft = first, await backend.edit(current, first, rng)
-            if draft is None:
-                attempt.inapplicable += 1
-                action = "fuzz" if first == "inject" else "inject"
-                draft = await backend.edit(current, action, rng)
-            if draft is None:
-                attempt.inapplicable += 1
-                break  # nothing left to edit
-            seen = {(s.text, s.url) for s in current.statements}
-            step = EditStep(
-                rnd,
-                action,
-                draft.question,
-                False,
-                reason=draft.note,
-                statements_added=[s for s in draft.statements if (s.text, s.url) not in seen],
-            )
-            attempt.history.append(step)
-            verdict = await self._gates(current_result, draft, step, attempt, before=current)
-            if verdict is None:
-                continue
-            step.kept = True
-            current, (current_result, uniqueness) = draft, verdict
-            kept_edits += 1
-
-        attempt.structure = _structure(current)
-        if not self.is_hard(current_result):
-            return finish(
-                "not_hard",
-                f"{current_result.n_correct}/{len(current_result.correct)} direct answers still correct "
-                f"after {cfg.rounds} rounds",
-            )
-        if kept_edits < cfg.min_edits:
-            return finish("too_few_edits", f"{kept_edits} kept edits < min_edits={cfg.min_edits}")
-        attempt.question = SynthQuestion(
-            id=f"{cfg.id_prefix}-{seed.index:06d}",
-            question=current.question,
-            answers=list(current.answers),
-            paraphrases=list(current.paraphrases),
-            statements=list(current.statements),
-            history=list(attempt.history),
-            uniqueness=uniqueness,
-            models=self.models(),
-            seed={**seed.to_dict(), "run_seed": cfg.seed},
-            backend=backend.name,
-            corpus=backend.corpus,
-            direct_accuracy=current_result.accuracy,
-        )
-        return finish("accepted", f"hard after {kept_edits} kept edits", "accepted")
-
-    async def _gates(
-        self,
-        previous: DirectResult | None,
-        draft: Draft,
-        step: EditStep,
-        attempt: Attempt,
-        *,
-        before: Draft | None = None,
-    ) -> tuple[DirectResult, Uniqueness] | None:
-        """Quality, then uniqueness and difficulty (the order the backend needs); None = rejected."""
-        quality = await self.backend.quality(before, draft)
-        if not quality.passed:
-            step.rejected_by, step.reason = "quality", quality.reason
-            return None
-        uniqueness: Uniqueness | None = None
-        if not self.backend.candidates_for_uniqueness:  # exact and cheap: before spending solver calls
-            uniqueness = await self.backend.uniqueness(draft, [])
-            if uniqueness.checked and not uniqueness.held:
-                step.rejected_by, step.reason = "uniqueness", uniqueness.detail
-                return None
-        result = await self._difficulty(draft, attempt)
-        step.direct_accuracy, step.direct_answers = result.accuracy, list(result.answers)
-        if uniqueness is None:  # the LLM backend checks the solver's wrong answers against the statements
-            uniqueness = await self.backend.uniqueness(draft, result.wrong)
-            if uniqueness.checked and not uniqueness.held:
-                step.rejected_by, step.reason = "uniqueness", uniqueness.detail
-                return None
-        if previous is not None and self.cfg.gates.reject_easier and result.accuracy > previous.accuracy:
-            step.rejected_by = "difficulty"
-            step.reason = f"easier: direct accuracy {previous.accuracy:.2f} -> {result.accuracy:.2f}"
-            return None
-        return result, uniqueness
-
-    async def _difficulty(self, draft: Draft, attempt: Attempt) -> DirectResult:
-        answers = await self.solver.answers(draft.question, self.cfg.solver.k, self.cfg.seed)
-        attempt.solver_calls += len(answers)
-        result = await self.grader.grade(draft.question, answers, draft.answers + draft.paraphrases)
-        attempt.judge_errors += result.judge_errors
-        return result
-
-
-def _structure(draft: Draft) -> dict[str, Any]:
-    """Shape of the final question for the report (graph patterns: facts, depth, named entities)."""
-    state = draft.state
-    out: dict[str, Any] = {"statements": len(draft.statements), "words": len(draft.question.split())}
-    if hasattr(state, "to_dict") and hasattr(state, "depth"):
-        out.update(
-            facts=state.n_facts,
-            depth=state.depth(),
-            named=sum(1 for n in state.nodes if n.named),
-            ask=state.ask,
-            pattern=state.to_dict(),
-        )
-    return out
-
 
 # --------------------------------------------------------------------------- the run
 
@@ -253,6 +74,21 @@ class SynthSummary:
     resumed: int  # seeds found finished on disk
     errors: int  # seeds that raised this time (retried by the next run)
 
+    def why_empty(self) -> str | None:
+        """None when questions were written; else why not, from the report (for a non-zero exit)."""
+        if self.written:
+            return None
+        seeds = self.report["seeds"]
+        rejected = ", ".join(f"{code} {n}" for code, n in seeds["rejected"].items() if n)
+        errors = read_attempts(self.out_dir / ERRORS_FILE)
+        last = f"; last error: {errors[-1]['error'].splitlines()[0]}" if errors else ""
+        return (
+            f"no questions written to {self.out_dir / QUESTIONS_FILE}: {seeds['finished']} seeds finished "
+            f"({seeds['accepted']} accepted; rejected: {rejected or 'none'}), {seeds['errors_unresolved']} "
+            f"seeds raised and are unfinished{last}. See {self.out_dir / 'filter_report.md'}"
+            + (f" and {self.out_dir / ERRORS_FILE}" if errors else "")
+        )
+
 
 def _check_same_run(out_dir: Path, cfg: SynthConfig) -> None:
     identity_path = out_dir / "config.json"
@@ -277,6 +113,14 @@ def read_attempts(path: str | Path) -> list[dict[str, Any]]:
     return [obj for _, obj in iter_jsonl(path, tolerate_torn_tail=True)]
 
 
+class SeedRunner(Protocol):
+    """What the run needs per seed: `Synthesizer` (graph, llm) or `asearch.synth.agentic.AgentSynthesizer`."""
+
+    async def synthesize(self, seed: Seed) -> Attempt: ...
+
+    def models(self) -> dict[str, str]: ...
+
+
 async def run_synthesis_async(
     cfg: SynthConfig,
     out_dir: str | Path,
@@ -284,24 +128,56 @@ async def run_synthesis_async(
     backend: SynthBackend | None = None,
     solver: DirectSolver | None = None,
     grader: Grader | None = None,
+    agent_engine: Any = None,
     max_errors: int = 20,
     log: Callable[[str], None] = print,
     on_progress: Callable[[Progress], None] | None = None,
 ) -> SynthSummary:
     """Run (or resume) synthesis into `out_dir`; parts not given are built from `cfg` (and closed here).
 
-    `on_progress` is called once after the finished seeds on disk are counted, then after every seed.
+    The endpoints of the parts built here are reached first: one that refuses the connection fails the run
+    before any seed starts, naming its config key. `agent_engine` (backend agent) is the synthesis agent's
+    engine, with a `tokenizer`; default: built from `cfg.agent_engine()`. `on_progress` is called once after
+    the finished seeds on disk are counted, then after every seed.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     _check_same_run(out, cfg)
+    await check_endpoints(
+        endpoints_to_check(cfg, backend=backend is None, solver=solver is None, agent=agent_engine is None)
+    )
     attempts_path = out / ATTEMPTS_FILE
     for log_path in (attempts_path, out / ERRORS_FILE):
         repair_jsonl_tail(log_path)  # a killed run's torn last line; its seed is done again
     done = read_attempts(attempts_path)
-    done_keys = {a["seed"]["key"] for a in done}
 
     owned: list[Any] = []
+    try:
+        runner, backend = _build_runner(cfg, backend, solver, grader, agent_engine, owned)
+        seeds = backend.seeds()[: cfg.max_seeds]
+        state = await _run_seeds(cfg, out, runner, seeds, done, max_errors, log, on_progress)
+    finally:
+        for part in reversed(owned):
+            await part.aclose()
+    summary = finalize(out, cfg, models=runner.models())
+    summary.attempted_now, summary.resumed, summary.errors = state.attempted, len(done), state.errors
+    if state.errors >= max_errors:
+        raise AsearchError(
+            f"synthesis stopped after {state.errors} failed seeds (see {out / ERRORS_FILE}); "
+            "fix the cause and rerun the same command to continue"
+        )
+    return summary
+
+
+def _build_runner(
+    cfg: SynthConfig,
+    backend: SynthBackend | None,
+    solver: DirectSolver | None,
+    grader: Grader | None,
+    agent_engine: Any,
+    owned: list[Any],
+) -> tuple[SeedRunner, SynthBackend]:
+    """The per-seed runner and its backend; what is built here is appended to `owned` (closed by the run)."""
     if backend is None:
         backend = build_backend(cfg)
         owned.append(backend)
@@ -314,8 +190,28 @@ async def run_synthesis_async(
         grader = build_grader(cfg, backend)
         owned.append(grader)
     synth = Synthesizer(backend, solver, grader, cfg)
+    if cfg.backend != "agent":
+        return synth, backend
+    from asearch.synth.agentic import build_agent_synthesizer
 
-    seeds = backend.seeds()[: cfg.max_seeds]
+    runner = build_agent_synthesizer(cfg, synth, engine=agent_engine)
+    owned.append(runner)
+    return runner, backend
+
+
+async def _run_seeds(
+    cfg: SynthConfig,
+    out: Path,
+    runner: SeedRunner,
+    seeds: list[Seed],
+    done: list[dict[str, Any]],
+    max_errors: int,
+    log: Callable[[str], None],
+    on_progress: Callable[[Progress], None] | None,
+) -> Progress:
+    """Every seed not on disk, `concurrency` at once, in seed order, until `n_questions` distinct questions
+    are in: no seed starts after that, and the seeds in flight finish (and are logged)."""
+    done_keys = {a["seed"]["key"] for a in done}
     dedup = NearDuplicateIndex(cfg.dedup.threshold, num_perm=cfg.dedup.num_perm, bands=cfg.dedup.bands)
     distinct = 0
     for a in sorted(done, key=lambda a: a["seed"]["index"]):
@@ -336,43 +232,27 @@ async def run_synthesis_async(
             if seed is None:
                 return
             try:
-                attempt = await synth.synthesize(seed)
+                attempt = await runner.synthesize(seed)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # one bad seed or a flaky endpoint must not end the run
                 state.errors += 1
                 append_jsonl(
                     out / ERRORS_FILE,
-                    {
-                        "seed": seed.to_dict(),
-                        "error": f"{type(e).__name__}: {e}",
-                        "traceback": traceback.format_exc(),
-                    },
-                )
-                if on_progress is not None:
-                    on_progress(state)
-                continue
-            append_jsonl(attempts_path, attempt.to_dict())
-            state.attempted += 1
-            state.finished += 1
-            if attempt.question is not None and _is_new(dedup, cfg, seed.index, attempt.question.to_row()):
-                state.distinct += 1
+                    {"seed": seed.to_dict(), "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()},
+                )  # fmt: skip
+            else:
+                append_jsonl(out / ATTEMPTS_FILE, attempt.to_dict())
+                state.attempted += 1
+                state.finished += 1
+                row = attempt.question.to_row() if attempt.question is not None else None
+                if row is not None and _is_new(dedup, cfg, seed.index, row):
+                    state.distinct += 1
             if on_progress is not None:
                 on_progress(state)
 
-    try:
-        await asyncio.gather(*(worker() for _ in range(cfg.concurrency)))
-    finally:
-        for part in owned:
-            await part.aclose()
-    summary = finalize(out, cfg, models=synth.models())
-    summary.attempted_now, summary.resumed, summary.errors = state.attempted, len(done), state.errors
-    if state.errors >= max_errors:
-        raise AsearchError(
-            f"synthesis stopped after {state.errors} failed seeds (see {out / ERRORS_FILE}); "
-            "fix the cause and rerun the same command to continue"
-        )
-    return summary
+    await asyncio.gather(*(worker() for _ in range(cfg.concurrency)))
+    return state
 
 
 def _is_new(dedup: NearDuplicateIndex, cfg: SynthConfig, index: int, row: dict[str, Any]) -> bool:
@@ -383,15 +263,20 @@ def _is_new(dedup: NearDuplicateIndex, cfg: SynthConfig, index: int, row: dict[s
 
 
 def finalize(out_dir: str | Path, cfg: SynthConfig, *, models: dict[str, str] | None = None) -> SynthSummary:
-    """Rebuild questions.jsonl (seed order, near-duplicates removed) and the filter report from attempts."""
+    """Rebuild questions.jsonl (seed order, near-duplicates removed, the first `n_questions`) and the filter
+    report from attempts."""
     out = Path(out_dir)
     attempts = sorted(read_attempts(out / ATTEMPTS_FILE), key=lambda a: a["seed"]["index"])
     accepted = [a for a in attempts if a["status"] == "accepted"]
     duplicates: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
     dedup = NearDuplicateIndex(cfg.dedup.threshold, num_perm=cfg.dedup.num_perm, bands=cfg.dedup.bands)
+    over_target: list[dict[str, Any]] = []  # accepted in seed order after n_questions were written
     for a in accepted:
         row = a["question"]
+        if len(rows) == cfg.n_questions:  # seeds in flight at the target finished after it
+            over_target.append(row)
+            continue
         group = normalize_answer(row["answer"][0]) if cfg.dedup.same_answer_only else ""
         dup = dedup.add(a["seed"]["index"], row["question"], group) if cfg.dedup.enabled else None
         if dup is None:
@@ -408,7 +293,7 @@ def finalize(out_dir: str | Path, cfg: SynthConfig, *, models: dict[str, str] | 
     unresolved = {e["seed"]["key"] for e in errors} - finished
     report = build_report(
         attempts, rows, duplicates, cfg, models=models or {}, errors_logged=len(errors),
-        errors_unresolved=len(unresolved),
+        errors_unresolved=len(unresolved), over_target=len(over_target),
     )  # fmt: skip
     atomic_write_json(out / "filter_report.json", report)
     atomic_write_text(out / "filter_report.md", render_report(report))
@@ -416,6 +301,7 @@ def finalize(out_dir: str | Path, cfg: SynthConfig, *, models: dict[str, str] | 
 
 
 def build_backend(cfg: SynthConfig) -> SynthBackend:
+    """The graph backend, or the LLM backend (the agent backend writes its base QA and runs its gates with it)."""
     if cfg.backend == "graph":
         from asearch.synth.graph_backend import GraphBackend
 

@@ -81,6 +81,7 @@ class SynthQuestion:
     backend: str
     corpus: str  # the corpus spec the tools must search to answer it
     direct_accuracy: float | None
+    tool_accuracy: float | None = None  # share of the search agent's answers (with tools) judged correct
 
     @property
     def answer(self) -> str:
@@ -100,6 +101,7 @@ class SynthQuestion:
             "unique_verified": self.unique_verified,
             "uniqueness": asdict(self.uniqueness),
             "direct_accuracy": self.direct_accuracy,
+            "tool_accuracy": self.tool_accuracy,
             "statements": [s.to_dict() for s in self.statements],
             "edit_history": [s.to_dict() for s in self.history],
             "edits": sum(1 for s in self.history if s.kept and s.action != "base"),
@@ -125,6 +127,7 @@ class SynthQuestion:
             backend=row["backend"],
             corpus=row["corpus"],
             direct_accuracy=row.get("direct_accuracy"),
+            tool_accuracy=row.get("tool_accuracy"),
         )
 
 

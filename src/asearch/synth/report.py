@@ -15,6 +15,21 @@ REASONS = {
     "not_hard": "not hard after T rounds (difficulty gate)",
     "too_few_edits": "hard, but fewer kept edits than min_edits",
 }
+# The agent backend's seeds end where its agent stops (or never does), not after T rounds.
+AGENT_REASONS = {
+    "no_base": REASONS["no_base"],
+    "base_quality": REASONS["base_quality"],
+    "base_uniqueness": REASONS["base_uniqueness"],
+    "not_hard": "too easy when the agent stopped (difficulty gate)",
+    "not_solvable": "the search agent with tools did not answer it (agent.min_tool_correct)",
+    "no_stop": "the agent never stopped with a question (turn or context limit)",
+}
+AGENT_ACTIONS = ("search", "access", "inject", "fuzz", "stop", "malformed")
+
+
+def reasons_for(backend: str) -> dict[str, str]:
+    """Reason code -> what it means, for the seeds of a run of `backend`."""
+    return AGENT_REASONS if backend == "agent" else REASONS
 
 
 def build_report(
@@ -26,30 +41,14 @@ def build_report(
     models: dict[str, str],
     errors_logged: int = 0,
     errors_unresolved: int = 0,
+    over_target: int = 0,
 ) -> dict[str, Any]:
-    """Counts over every finished seed (`attempts`) and the written questions (`rows`)."""
+    """Counts over every finished seed (`attempts`) and the written questions (`rows`); `over_target`:
+    accepted questions after the first `n_questions` distinct ones in seed order, not written."""
     codes = Counter(a["reason_code"] for a in attempts)
     steps = [s for a in attempts for s in a["history"]]
     edits = [s for s in steps if s["round"] > 0]
     base = [s for s in steps if s["round"] == 0]
-
-    def gate_counts(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        rejected = Counter(s["rejected_by"] for s in items if s["rejected_by"])
-        reached_unique = len(items) - rejected["quality"]
-        return {
-            "proposed": len(items),
-            "kept": sum(1 for s in items if s["kept"]),
-            "rejected_by": {
-                "quality": rejected["quality"],
-                "uniqueness": rejected["uniqueness"],
-                "difficulty": rejected["difficulty"],
-            },
-            "gate_checks": {
-                "quality": len(items),
-                "uniqueness": reached_unique,
-                "difficulty": sum(1 for s in items if s["direct_accuracy"] is not None),
-            },
-        }
 
     quality_reasons = Counter(_reason_kind(s["reason"]) for s in steps if s["rejected_by"] == "quality")
     final_acc = [r["direct_accuracy"] for r in rows if r.get("direct_accuracy") is not None]
@@ -61,13 +60,14 @@ def build_report(
         "seeds": {
             "finished": len(attempts),
             "accepted": codes["accepted"],
-            "rejected": {code: codes[code] for code in REASONS},
+            "rejected": {code: codes[code] for code in reasons_for(cfg.backend)},
             "errors_logged": errors_logged,  # every raise on record, including seeds a rerun then finished
             "errors_unresolved": errors_unresolved,  # seeds that raised and have not finished since
         },
         "questions": {
             "accepted": codes["accepted"],
             "near_duplicates_removed": len(duplicates),
+            "over_target": over_target,
             "written": len(rows),
             "unique_verified": sum(1 for r in rows if r.get("unique_verified")),
             "unique_verified_share": _share(sum(1 for r in rows if r.get("unique_verified")), len(rows)),
@@ -76,15 +76,16 @@ def build_report(
             "mean_words": _mean([len(r["question"].split()) for r in rows]),
             "mean_statements": _mean([len(r["statements"]) for r in rows]),
         },
-        "base_qa": {**gate_counts(base), "mean_direct_accuracy": _mean(base_acc)},
+        "base_qa": {**_gate_counts(base), "mean_direct_accuracy": _mean(base_acc)},
         "edits": {
-            **gate_counts(edits),
+            **_gate_counts(edits),
             "inapplicable_operator_tries": sum(a.get("inapplicable", 0) for a in attempts),
             "by_action": {
-                act: gate_counts([s for s in edits if s["action"] == act]) for act in ("inject", "fuzz")
+                act: _gate_counts([s for s in edits if s["action"] == act]) for act in ("inject", "fuzz")
             },
         },
         "quality_rejections": dict(quality_reasons.most_common()),
+        "rejections_by_reason": _rejections_by_reason(steps, attempts),
         "solver_calls": sum(a.get("solver_calls", 0) for a in attempts),
         "judge_errors": sum(a.get("judge_errors", 0) for a in attempts),
         "duplicates": list(duplicates[:20]),
@@ -97,6 +98,8 @@ def build_report(
             "dedup_threshold": cfg.dedup.threshold if cfg.dedup.enabled else None,
         },
     }
+    if cfg.backend == "agent":
+        report["agent"] = _agent_counts(attempts, rows)
     if structure and "facts" in structure[0]:
         report["structure"] = {
             "facts": dict(sorted(Counter(s["facts"] for s in structure).items())),
@@ -104,6 +107,68 @@ def build_report(
             "ask": dict(Counter(s["ask"] for s in structure).most_common()),
         }
     return report
+
+
+def _gate_counts(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Proposed, kept, and rejected by each gate, over some steps (base QAs, edits, one action's edits)."""
+    rejected = Counter(s["rejected_by"] for s in items if s["rejected_by"])
+    reached_unique = len(items) - rejected["quality"]
+    return {
+        "proposed": len(items),
+        "kept": sum(1 for s in items if s["kept"]),
+        "rejected_by": {
+            "quality": rejected["quality"],
+            "uniqueness": rejected["uniqueness"],
+            "difficulty": rejected["difficulty"],
+        },
+        "gate_checks": {
+            "quality": len(items),
+            "uniqueness": reached_unique,
+            "difficulty": sum(1 for s in items if s["direct_accuracy"] is not None),
+        },
+    }
+
+
+def _rejections_by_reason(
+    steps: Sequence[dict[str, Any]], attempts: Sequence[dict[str, Any]]
+) -> dict[str, Any]:
+    """{gate: {reason kind: count}} over every rejected step, plus the agent's stops the final checks refused."""
+    out: dict[str, Counter[str]] = {}
+    for s in steps:
+        if s["rejected_by"]:
+            out.setdefault(s["rejected_by"], Counter())[_reason_kind(s["reason"])] += 1
+    final_gates = {"not_hard": "difficulty at stop", "not_solvable": "difficulty with tools"}
+    for a in attempts:
+        if a.get("agent") and a["reason_code"] in final_gates:
+            out.setdefault(final_gates[a["reason_code"]], Counter())[_reason_kind(a["reason"])] += 1
+    return {gate: dict(c.most_common()) for gate, c in out.items()}
+
+
+def _agent_counts(attempts: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The agent backend's own numbers: actions chosen by kind, refusals by reason, turns, tool accuracy."""
+    agents = [a for a in attempts if a.get("agent")]
+    actions: Counter[str] = Counter()
+    for a in agents:
+        actions.update(a.get("actions", {}))
+    refusals = Counter(_reason_kind(r) for a in agents for r in a["agent"]["refusals"])
+    bad = Counter()
+    for a in agents:
+        bad.update(a["agent"].get("bad_arguments", {}))
+    tool_acc = [r["tool_accuracy"] for r in rows if r.get("tool_accuracy") is not None]
+    return {
+        "episodes": len(agents),
+        "mean_turns": _mean([a["agent"]["turns"] for a in agents]),
+        "actions": {k: actions[k] for k in (*AGENT_ACTIONS, *sorted(set(actions) - set(AGENT_ACTIONS)))},
+        "bad_arguments": dict(bad.most_common()),
+        "refusals": dict(refusals.most_common()),
+        "finish": dict(Counter(a["agent"]["finish"] for a in agents).most_common()),
+        "mean_tool_accuracy": _mean(tool_acc),
+        "seeds": [
+            {"title": a["seed"]["title"], "outcome": a["reason_code"], "reason": a["reason"][:160],
+             "actions": sum(a.get("actions", {}).values())}
+            for a in agents[:20]
+        ],
+    }  # fmt: skip
 
 
 def _reason_kind(reason: str) -> str:
@@ -141,6 +206,7 @@ def render_report(r: dict[str, Any]) -> str:
         f"| seeds finished | {s['finished']} |",
         f"| accepted | {q['accepted']} |",
         f"| near-duplicates removed | {q['near_duplicates_removed']} |",
+        f"| accepted past n_questions, not written | {q.get('over_target', 0)} |",
         f"| **written** | **{q['written']}** |",
         f"| uniqueness verified | {q['unique_verified']} ({_pct(q['unique_verified_share'])}) |",
         f"| seeds that raised and are not finished (retried on rerun) | {s['errors_unresolved']} |",
@@ -150,7 +216,7 @@ def render_report(r: dict[str, Any]) -> str:
         "",
         "| reason | count |",
         "|---|---|",
-        *[f"| {REASONS[code]} | {n} |" for code, n in s["rejected"].items()],
+        *[f"| {reasons_for(r['backend'])[code]} | {n} |" for code, n in s["rejected"].items()],
         "",
         "## Gates",
         "",
@@ -174,9 +240,15 @@ def render_report(r: dict[str, Any]) -> str:
         f"Written questions: {_fmt(q['mean_words'])} words, {_fmt(q['mean_kept_edits'])} kept edits and "
         f"{_fmt(q['mean_statements'])} statements on average.",
     ]
-    if r["quality_rejections"]:
-        lines += ["", "Quality rejections by kind:", "", "| kind | count |", "|---|---|"]
-        lines += [f"| {k} | {n} |" for k, n in r["quality_rejections"].items()]
+    if r.get("rejections_by_reason"):
+        lines += ["", "Gate rejections by reason:", "", "| gate | reason | count |", "|---|---|---|"]
+        lines += [
+            f"| {gate} | {k} | {n} |"
+            for gate, kinds in r["rejections_by_reason"].items()
+            for k, n in kinds.items()
+        ]
+    if "agent" in r:
+        lines += _render_agent(r["agent"])
     if "structure" in r:
         st = r["structure"]
         lines += [
@@ -199,6 +271,35 @@ def render_report(r: dict[str, Any]) -> str:
         ]
         lines += [f"| {d['question']} | {d['kept_question']} | {d['similarity']} |" for d in r["duplicates"]]
     return "\n".join(lines) + "\n"
+
+
+def _render_agent(a: dict[str, Any]) -> list[str]:
+    lines = [
+        "",
+        "## Synthesis agent",
+        "",
+        f"{a['episodes']} episodes, {_fmt(a['mean_turns'])} turns on average; finished by: "
+        + ", ".join(f"{k} {n}" for k, n in a["finish"].items())
+        + f". Search-agent accuracy with tools on the written questions: {_fmt(a['mean_tool_accuracy'])}.",
+        "",
+        "Actions chosen:",
+        "",
+        "| action | count |",
+        "|---|---|",
+        *[f"| {k} | {n} |" for k, n in a["actions"].items()],
+    ]
+    if a["bad_arguments"]:
+        lines += [
+            "",
+            "Calls with unreadable arguments: "
+            + ", ".join(f"{k} {n}" for k, n in a["bad_arguments"].items()),
+        ]
+    if a["refusals"]:
+        lines += ["", "Refused calls by reason:", "", "| reason | count |", "|---|---|"]
+        lines += [f"| {k} | {n} |" for k, n in a["refusals"].items()]
+    lines += ["", "Seeds (first 20):", "", "| seed | outcome | actions | reason |", "|---|---|---|---|"]
+    lines += [f"| {x['title']} | {x['outcome']} | {x['actions']} | {x['reason']} |" for x in a["seeds"]]
+    return lines
 
 
 def _pct(x: float | None) -> str:

@@ -8,6 +8,7 @@ from asearch.tools.base import (
     INFRASTRUCTURE_ERRORS,
     EpisodeContext,
     Observation,
+    ReplayMiss,
     Tool,
     ToolArgumentError,
     ToolSources,
@@ -24,6 +25,7 @@ from asearch.tools.registry import (
     make_tool,
     register_tool,
 )
+from asearch.tools.replay import ToolRecord, ToolRecordConfig, record_metrics
 from asearch.tools.search import LocalSearchBackend, SearchArgs, SearchBackend, SearchTool, SearchToolConfig
 
 __all__ = [
@@ -39,12 +41,15 @@ __all__ = [
     "LocalSearchBackend",
     "Observation",
     "PageBackend",
+    "ReplayMiss",
     "SearchArgs",
     "SearchBackend",
     "SearchTool",
     "SearchToolConfig",
     "Tool",
     "ToolArgumentError",
+    "ToolRecord",
+    "ToolRecordConfig",
     "ToolSourceConfig",
     "ToolSources",
     "ToolsConfig",
@@ -57,6 +62,7 @@ __all__ = [
     "inject_faults",
     "make_tool",
     "open_sources",
+    "record_metrics",
     "register_tool",
     "run_tool",
     "tool_argument_hint",

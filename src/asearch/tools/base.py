@@ -8,7 +8,8 @@ every concurrent episode; what it must remember about one episode lives in that 
 `EpisodeContext`, which the loop hands to every call.
 
     ToolError (asearch.errors)
-    └── ToolArgumentError      the agent's argument text cannot be used (empty query, no url, ...)
+    ├── ToolArgumentError      the agent's argument text cannot be used (empty query, no url, ...)
+    └── ReplayMiss             a replayed run asked what its record holds no answer to (tools.record.replay)
 """
 
 from __future__ import annotations
@@ -29,17 +30,23 @@ log = logging.getLogger(__name__)
 
 ArgsT = TypeVar("ArgsT")
 
-ErrorKind = Literal["bad_arguments", "timeout", "remote", "garbage", "tool"]
+ErrorKind = Literal["bad_arguments", "timeout", "remote", "garbage", "replay_miss", "tool"]
 FaultSource = Literal["model", "infrastructure"]
 
 # A service that did not answer in time, answered with an error, or answered something undecodable: the
 # episode met a fault of the infrastructure, not of the model. `bad_arguments` is the model's; so is `tool`
-# (a refused url, a spent budget, a retriever's own exception): deterministic answers to what it asked.
-INFRASTRUCTURE_ERRORS: frozenset[str] = frozenset({"timeout", "remote", "garbage"})
+# (a refused url, a spent budget, a retriever's own exception): deterministic answers to what it asked. A replay
+# miss is the record's gap, not the model's: the recorded run was never answered that call.
+INFRASTRUCTURE_ERRORS: frozenset[str] = frozenset({"timeout", "remote", "garbage", "replay_miss"})
 
 
 class ToolArgumentError(ToolError):
     """The raw argument text the agent wrote cannot be turned into arguments; the message is shown to it."""
+
+
+class ReplayMiss(ToolError):
+    """A replayed run (`tools.record.replay`) asked a call its record has no answer to, or whose recorded
+    answer is damaged; refused, never sent to a backend (asearch.tools.replay)."""
 
 
 @dataclass(slots=True)
@@ -166,6 +173,8 @@ async def run_tool(
         kind, message = "timeout", f"timeout after {timeout_s:g} s"
     except RemoteError as e:
         kind, message = remote_error_kind(e), str(e)
+    except ReplayMiss as e:
+        kind, message = "replay_miss", str(e)
     except ToolError as e:
         kind, message = "tool", str(e)
     else:

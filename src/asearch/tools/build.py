@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -23,6 +24,7 @@ from asearch.retrieval.index import IndexConfig
 from asearch.tools.base import Tool, ToolSources
 from asearch.tools.faults import FaultConfig, inject_faults
 from asearch.tools.registry import configurable_tools
+from asearch.tools.replay import RECORD_DIR, ToolRecord, ToolRecordConfig, record_dir_of, record_sources
 from asearch.web.sources import WebConfig
 
 
@@ -52,6 +54,12 @@ class ToolSourceConfig(Config):
         None,
         description="Inject failures into a fraction of search/access calls (e.g. tools.faults.server_error=0.1, "
         "tools.faults.seed=3) to test a run against a flaky infrastructure; null: none (docs/tools.md).",
+    )
+    record: ToolRecordConfig = Field(
+        default_factory=ToolRecordConfig,
+        description="Record every search/access answer in the run directory (on by default; "
+        "tools.record=false: off), or replay a run from its record (tools.record.replay=RUN_DIR, or "
+        "--replay RUN_DIR): docs/replay.md.",
     )
 
     @model_validator(mode="before")
@@ -145,13 +153,45 @@ def open_sources(cfg: ToolSourceConfig, *, progress: bool = True) -> tuple[ToolS
     return ToolSources(search=index.retriever(cfg.method), pages=index.pages), closers
 
 
-def build_tools(cfg: ToolSourceConfig, *, progress: bool = True) -> tuple[dict[str, Tool[Any]], list[Any]]:
+def describe_source(cfg: ToolSourceConfig) -> str:
+    """The source in a few words, for a record's manifest: `corpus wiki10k (bm25)`, `server http://...`."""
+    if cfg.web is not None:
+        return f"web: search {cfg.web.search}, reader {cfg.web.reader}"
+    if cfg.server_url:
+        return f"server {cfg.server_url}"
+    return f"{'index ' + str(cfg.index) if cfg.index else 'corpus ' + str(cfg.corpus)} ({cfg.method})"
+
+
+def shared_record_dir(cfg: ToolSourceConfig) -> Path:
+    """The record of runs without a directory of their own (`ask`): one per source under
+    $ASEARCH_CACHE/tool-record/, so two sources' answers to the same query never share an entry."""
+    slug = re.sub(r"[^A-Za-z0-9_.]+", "-", describe_source(cfg)).strip("-")  # `corpus-wiki10k-bm25`
+    return cache_dir(RECORD_DIR, slug[:120])
+
+
+def build_tools(
+    cfg: ToolSourceConfig, *, progress: bool = True, record_dir: Path | None = None
+) -> tuple[dict[str, Tool[Any]], list[Any]]:
     """The tools `cfg` turns on, in prompt order, over a local index, a retrieval server or the web; returns
     (tools, closers). A closer may be async. Web tools report their cache and cost counters via
     `asearch.web.runtime.web_metrics`; with `cfg.faults` the backends fail some calls on purpose, counted
     by `asearch.tools.faults.fault_metrics`. A source no tool reads stays open until closed (e.g. the web reader
-    with access off)."""
-    sources, closers = open_sources(cfg, progress=progress)
+    with access off).
+
+    `record_dir` is the run's own record (`<run dir>/tool-record`): the backends' answers are recorded there
+    when `cfg.record` is on (`cfg.record.dir` overrides it; neither: nothing is recorded). With
+    `cfg.record.replay` no source is opened: the backends answer from that record alone. Either way
+    `asearch.tools.replay.record_metrics` counts them. Faults are injected above the record, so a replay
+    with the same `tools.faults` fails the same calls."""
+    rec = cfg.record
+    if rec.replay is not None:
+        sources, closers = record_sources(None, ToolRecord(record_dir_of(rec.replay)))
+    else:
+        sources, closers = open_sources(cfg, progress=progress)
+        where = rec.dir or record_dir
+        if rec.enabled and where is not None:
+            sources, more = record_sources(sources, ToolRecord(where), source=describe_source(cfg))
+            closers = [*closers, *more]
     if cfg.faults is not None:
         sources, more = inject_faults(sources, cfg.faults)
         closers = [*closers, *more]

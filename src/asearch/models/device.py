@@ -1,0 +1,88 @@
+"""Where a model runs and in which precision: one reading of `device` and `dtype` for every component.
+
+`device`: "auto" (the first CUDA GPU if torch sees one, else the CPU), "cpu", "cuda" or "cuda:N".
+`dtype`: "auto" (bfloat16 on a GPU, float32 on a CPU: CPUs without bf16 units run float32 fastest),
+"float32", "bfloat16" or "float16". The engine stores weights and KV cache in it; the trainer keeps
+float32 weights and optimiser state and computes forward and backward under autocast to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field
+
+from asearch.config import Config
+from asearch.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+DTypeName = Literal["auto", "float32", "bfloat16", "float16"]
+
+DEVICE_HELP = "auto (a CUDA GPU when torch sees one, else the CPU) | cpu | cuda | cuda:N"
+DTYPE_HELP = "auto (bfloat16 on a GPU, float32 on a CPU) | float32 | bfloat16 | float16"
+
+
+class TrainingPlacement(Config):
+    """Where a trainer (RL or SFT) runs and its compute precision; its config classes inherit these keys."""
+
+    device: str = Field("auto", description=f"Where the model trains (it is moved there): {DEVICE_HELP}.")
+    dtype: DTypeName = Field(
+        "auto",
+        description=f"Forward and backward precision under autocast: {DTYPE_HELP}. Weights, gradients and "
+        "optimiser state stay float32; bfloat16 is also faster on CPUs with AVX512-BF16 (docs/demo.md).",
+    )
+
+
+def resolve_device(spec: str = "auto") -> torch.device:
+    """The torch device `spec` names; a GPU asked for but absent is a ConfigError, not a CUDA trace."""
+    import torch
+
+    name = spec.strip().lower()
+    if name == "auto":
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise ConfigError(f"device {spec!r}: not a device ({DEVICE_HELP})") from e
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device {spec!r}: only cpu and cuda are supported ({DEVICE_HELP})")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device {spec!r}: torch sees no CUDA GPU (torch {torch.__version__}); use device=cpu")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index >= torch.cuda.device_count():
+            raise ConfigError(f"device {spec!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
+        device = torch.device("cuda", index)
+    return device
+
+
+def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
+    """The torch dtype `spec` names on `device` ("auto": bfloat16 on CUDA, float32 elsewhere)."""
+    import torch
+
+    if spec == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(spec)
+    if dtype is None:
+        raise ConfigError(f"dtype {spec!r}: not a dtype ({DTYPE_HELP})")
+    return dtype
+
+
+def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager:
+    """Mixed-precision compute in `dtype` on `device`; a no-op for float32."""
+    import torch
+
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work (timings of CUDA code are meaningless without it); nothing on a CPU."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
