@@ -218,7 +218,7 @@ def train_rows(model, args, peak: float | None) -> list[dict[str, Any]]:
     row = {
         "phase": "train", "samples": len(samples), "seq_len": L, "dtype": str(trainer.compute_dtype),
         "step_s": wall, "tokens_per_s": tokens / wall, "tflops_per_s": flops / wall / 1e12,
-        "mfu": flops / wall / peak if peak else None, "loss": stats.get("loss/pg", stats.get("loss")),
+        "mfu": flops / wall / peak if peak else None, "loss": stats.get("loss/policy"),
         "peak_memory_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,
     }  # fmt: skip
     mfu = f"{row['mfu']:.1%}" if row["mfu"] is not None else "n/a (no known peak)"

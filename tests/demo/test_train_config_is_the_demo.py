@@ -34,6 +34,14 @@ def test_train_world_tiny_is_the_demo_rl_stage_of_seed_0() -> None:
     assert _differences(_dump(demo), _dump(yaml)) == ["out"]
 
 
+def test_train_smollm2_lora_is_the_smollm2_preset_rl_stage_of_seed_0() -> None:
+    from asearch.demo.presets import preset
+
+    demo = load_config(DemoConfig, None, ["seed=0"], base=preset("smollm2")).rl_stage(Path("runs/demo-smollm2-seed0"))
+    yaml = load_config(TrainConfig, CONFIGS / "train-smollm2-lora.yaml")
+    assert _differences(_dump(demo), _dump(yaml)) == ["out"]
+
+
 def test_the_local_launcher_config_differs_only_in_where_it_generates() -> None:
     tiny = load_config(TrainConfig, CONFIGS / "train-world-tiny.yaml")
     local = load_config(TrainConfig, CONFIGS / "train-world-tiny-local.yaml")

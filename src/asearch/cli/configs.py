@@ -22,7 +22,7 @@ stdout = make_console(stderr=False)
 COMMAND_OF_PREFIX = {
     "train-": "asearch train NAME",
     "eval": "asearch eval -c NAME",
-    "synth-": "asearch synth configs/NAME.yaml",  # a file path: `synth` does not resolve names
+    "synth-": "asearch synth NAME",
     "sim-": "asearch sim NAME",
     "index": "asearch index build -c NAME",
     "server": "asearch serve -c NAME",

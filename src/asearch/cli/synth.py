@@ -16,7 +16,7 @@ import typer
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from asearch.cli.console import OverridesArg, console, progress
+from asearch.cli.console import OverridesArg, config_argument, console, progress
 from asearch.errors import AsearchError
 
 
@@ -39,9 +39,7 @@ app = typer.Typer(
 
 @app.command("run")
 def run(
-    config: Annotated[
-        Path, typer.Argument(help="Synthesis YAML (configs/synth-*.yaml).", exists=True, dir_okay=False)
-    ],
+    config: Annotated[Path, config_argument("Synthesis YAML (configs/synth-*.yaml).")],
     overrides: OverridesArg = None,
     out: Annotated[Path | None, typer.Option(help="Output dir (rerun with it to resume).")] = None,
     show_progress: Annotated[

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from asearch.cli.console import config_argument, console, overrides_argument
+from asearch.cli.console import ConfigOption, config_argument, console, overrides_argument
 from asearch.errors import ConfigError
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".tsv", ".csv")
@@ -75,7 +75,7 @@ def _missing_local_path(key: str, value: str) -> bool:
 def demo(
     seed: Annotated[int, typer.Option(help="Seed of worlds, model, SFT and RL.")] = 0,
     out: Annotated[Path | None, typer.Option(help="Run directory (default runs/demo-seed<seed>-<time>).")] = None,
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="Demo YAML.", exists=True, dir_okay=False)] = None,
+    config: ConfigOption = None,
     preset: Annotated[str, typer.Option(help="Starting settings: 'default' (search only, 1-3 hops) or 'long' "
                                         "(access, reading turns with summaries, 1-6 hops; docs/demo.md).")] = "default",
     overrides: Annotated[list[str] | None, overrides_argument("rl.max_rl_seconds=300 sft.steps=400")] = None,

@@ -65,8 +65,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         "sft": {"steps": 100, "batch_size": 8, "token_budget": 4096, "context_loss_weight": 0.0,
                 "lora": {"r": 16, "alpha": 32}, "optim": {"lr": 1e-3, "warmup_steps": 5, "schedule": "cosine"}},
         "rl": {
-            "engine": {"max_seq_len": 1024, "max_batch": 64},
-            "trainer": {"token_budget": 4096, "epochs": 1, "lora": {"r": 16, "alpha": 32},
+            # memory: a 4,096-token micro-batch of SmolLM2 holds ~9 GB of activations; with the engine's KV
+            # cache beside it the process outgrew 24 GB (docs/demo.md)
+            "engine": {"max_seq_len": 1024, "max_batch": 32},
+            "trainer": {"token_budget": 2048, "epochs": 1, "lora": {"r": 16, "alpha": 32},
                         "optim": {"lr": 2e-4, "schedule": "cosine", "min_lr_ratio": 0.1}},
             "rollout": {"batch_size": 4, "group_size": 8, "max_staleness": 2, "max_concurrent": 8},
             "max_rl_seconds": 2700.0,  # the target's 45 minutes of RL

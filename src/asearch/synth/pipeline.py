@@ -291,8 +291,10 @@ def finalize(out_dir: str | Path, cfg: SynthConfig, *, models: dict[str, str] | 
     errors = read_attempts(out / ERRORS_FILE)  # same log format: one object per line, torn tail ignored
     finished = {a["seed"]["key"] for a in attempts}
     unresolved = {e["seed"]["key"] for e in errors} - finished
+    if not models:  # `asearch synth report`: the models the written questions name
+        models = {k: v for row in rows for k, v in (row.get("models") or {}).items()}
     report = build_report(
-        attempts, rows, duplicates, cfg, models=models or {}, errors_logged=len(errors),
+        attempts, rows, duplicates, cfg, models=models, errors_logged=len(errors),
         errors_unresolved=len(unresolved), over_target=len(over_target),
     )  # fmt: skip
     atomic_write_json(out / "filter_report.json", report)

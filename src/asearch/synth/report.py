@@ -197,7 +197,7 @@ def render_report(r: dict[str, Any]) -> str:
     lines = [
         f"# Synthesis filter report ({r['backend']} backend)",
         "",
-        "Models: " + ", ".join(f"{k} `{v}`" for k, v in r["models"].items()),
+        "Models: " + (", ".join(f"{k} `{v}`" for k, v in r["models"].items()) or "not recorded (no question was written)"),
         "",
         "## Questions",
         "",
