@@ -137,3 +137,27 @@ def test_group_size_one_never_skips() -> None:
     cfg = ControllerConfig(group_size=1, sampling=SamplingConfig(pass_rate=True))
     ctl = RolloutController(cfg, iter([]), lambda s, k: None)  # type: ignore[arg-type,return-value]
     assert ctl.sampler is None
+
+
+def test_unseen_questions_follow_their_class_variance_share_once_every_class_has_history() -> None:
+    """prior_key: a fresh question of a class whose groups rarely have variance is admitted at
+    max(recheck, v_c / v_best); before every class has prior_min groups, and for records without the field,
+    everything is admitted. The class memory survives a JSON round trip."""
+    cfg = SamplingConfig(pass_rate=True, recheck=0.1, prior_key="metadata.hops", prior_window=20, prior_min=10)
+    sampler = PassRateSampler(cfg, seed=1)
+    q = lambda i, hops: {"id": f"q{i}", "metadata": {"hops": hops}}  # noqa: E731
+    for i in range(10):  # 1-hop: 2 of 10 groups with variance; 2-hop: 8 of 10
+        sampler.record(q(i, 1), [1.0, 0.0] if i < 2 else [1.0, 1.0], [1.0, 1.0])
+        if i < 9:
+            sampler.record(q(100 + i, 2), [1.0, 0.0] if i < 8 else [0.0, 0.0], [0.5, 0.5])
+    assert all(sampler.admit(q(1000 + i, 1)) for i in range(50))  # class 2 has 9 < prior_min groups: no prior
+    sampler.record(q(109, 2), [0.0, 1.0], [0.5, 0.5])
+    assert sampler.class_variance() == {"1": 0.2, "2": 0.9}
+    draws = 4000
+    ones = sum(sampler.admit(q(2000 + i, 1)) for i in range(draws))
+    twos = sum(sampler.admit(q(9000 + i, 2)) for i in range(draws))
+    assert 0.19 < ones / draws < 0.26 and twos == draws  # 0.2 / 0.9 = 0.22; the best class always
+    assert sampler.skipped["prior"] == draws - ones
+    assert all(sampler.admit({"id": f"n{i}"}) for i in range(50))  # no hops field: no prior
+    restored = PassRateSampler(cfg, seed=1, state=json.loads(json.dumps(sampler.state_dict())))
+    assert restored.class_variance() == sampler.class_variance() and restored.classes["1"].maxlen == 20

@@ -318,6 +318,8 @@ def rollout_metrics(
     if controller.sampler is not None:
         for cause, c in controller.sampler.skipped.items():
             m[f"rollout/skipped/{cause}"] = float(c)
+        for cls, share in controller.sampler.class_variance().items():
+            m[f"rollout/class_variance/{cls}"] = share
     kept, dropped = controller.staleness.accepted, controller.staleness.rejected
     m["rollout/groups_per_kept"] = (kept + dropped) / max(kept, 1)
     return m
