@@ -408,7 +408,7 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
         # resumed: this process's time plus the supervised start's (RL time before the interruption not counted)
         "wall_seconds": time.perf_counter() - t_start + (start["wall_seconds"] if resumed else 0.0),
         "resumed": resumed,
-        "parameters": sum(p.numel() for p in model.parameters()),
+        "parameters": sum(p.numel() for n, p in model.named_parameters() if ".lora_" not in n),  # the model's own
         "expert_mean_tokens": start["expert_mean_tokens"],
         "heldout_questions": len(heldout_records),
         "rejected_groups": rl_summary["rejected_groups"],

@@ -105,12 +105,19 @@ def _mistakes(cfg: Any) -> str:
     return "stop early or copy the wrong name"
 
 
+def _model_line(s: dict[str, Any], cfg: Any) -> str:
+    model = getattr(cfg, "model", None)
+    lora = getattr(getattr(cfg.rl, "trainer", None), "lora", None)
+    adapters = f" with LoRA adapters (r={lora.r})" if lora is not None and lora.enabled else ""
+    return f"{model} ({s['parameters']:,} parameters){adapters}" if model else f"A {s['parameters']:,}-parameter tiny Qwen2 model"
+
+
 def write_report(path: Path, summary: dict[str, Any], cfg: Any) -> None:
     s = summary
     preset = getattr(cfg, "preset", "default")
     text = f"""# asearch CPU demo{'' if preset == 'default' else f' ({preset} preset)'} (seed {s['seed']})
 
-A {s['parameters']:,}-parameter Qwen2 model learns to answer 1-{max(cfg.hops)}-hop questions by searching a
+{_model_line(s, cfg)} learns to answer 1-{max(cfg.hops)}-hop questions by searching a
 synthetic encyclopedia with BM25 (top-{cfg.rl.tools.search.topk}, distractors included){_task(cfg)}. It is warm-started on scripted
 expert trajectories that {_mistakes(cfg)}, then trained with fully asynchronous RL
 (decoupled PPO, eta={cfg.rl.rollout.max_staleness}). Held-out questions come from another world.
