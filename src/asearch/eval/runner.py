@@ -589,13 +589,11 @@ def agent_solver(engine: Any, tokenizer: Any, tools: Mapping[str, Any], agent_cf
     """`workflow_solver` over the search agent with `tools`; its `metrics()` are the tools' run counters
     (web cache and cost, injected faults, answers recorded or replayed; {} for local tools that do none)."""
     from asearch.agent.workflow import SearchAgentWorkflow
-    from asearch.tools.faults import fault_metrics
-    from asearch.tools.replay import record_metrics
-    from asearch.web.runtime import web_metrics
+    from asearch.tools.build import tool_metrics
 
     workflow = SearchAgentWorkflow(tokenizer, tools, agent_cfg)
     return workflow_solver(
-        workflow, engine, metrics=lambda: {**web_metrics(tools), **fault_metrics(tools), **record_metrics(tools)}
+        workflow, engine, metrics=lambda: tool_metrics(tools)
     )
 
 

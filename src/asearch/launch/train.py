@@ -36,9 +36,8 @@ from asearch.rl.loop import EvalSchedule, LoopConfig, TrainingLoop, write_summar
 from asearch.rl.trainer import PolicyTrainer, Trainer
 from asearch.rl.weights import DiskWeights, LiveWeights, WeightSync
 from asearch.runs import RunDir
-from asearch.tools import ToolsConfig, build_tools, fault_metrics, record_metrics
+from asearch.tools import ToolsConfig, build_tools, tool_metrics
 from asearch.tools.replay import RECORD_DIR
-from asearch.web.runtime import web_metrics
 
 Log = Callable[[str], Any]
 POLICY_DIR = "policy"  # RUN/policy: the final policy, written when a run ends
@@ -174,7 +173,7 @@ async def train(cfg: TrainConfig, *, run: RunDir, log: Log = print, model: Any =
         loop = TrainingLoop(
             cfg, run=run, engine=engine, trainer=trainer, workflow=workflow, records=records, weights=weights,
             resume=resume, log=log,
-            step_metrics=lambda: {**web_metrics(tools, end_step=True), **fault_metrics(tools), **record_metrics(tools), **engine_counts()},
+            step_metrics=lambda: {**tool_metrics(tools, end_step=True), **engine_counts()},
             heldout=None if heldout_workflow is None else _heldout_eval(heldout_workflow, engine, heldout, cfg),
         )  # fmt: skip
         summary = await loop.run()

@@ -77,8 +77,9 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
     The model itself is left as it is (no merge in place), so training continues on the same adapters. A
     model whose modules carry adapters without the peft wrapper (the base model a trainer wrapped) counts too.
     """
-    if not any(".lora_" in name for name in model.state_dict()):
-        return model.state_dict()
+    state = model.state_dict()
+    if not any(".lora_" in name for name in state):
+        return state
     from peft.tuners.lora import LoraLayer
 
     base = base_model(model)

@@ -16,7 +16,14 @@ from asearch.tools.base import (
     tool_argument_hint,
     tool_counter,
 )
-from asearch.tools.build import ToolsConfig, ToolSourceConfig, build_tools, ensure_index, open_sources
+from asearch.tools.build import (
+    ToolsConfig,
+    ToolSourceConfig,
+    build_tools,
+    ensure_index,
+    open_sources,
+    tool_metrics,
+)
 from asearch.tools.faults import FaultConfig, FaultInjector, fault_metrics, inject_faults
 from asearch.tools.registry import (
     argument_hints,
@@ -56,6 +63,7 @@ __all__ = [
     "argument_hints",
     "available_tools",
     "build_tools",
+    "tool_metrics",
     "configurable_tools",
     "ensure_index",
     "fault_metrics",

@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
@@ -29,6 +30,7 @@ from asearch.errors import RemoteError, ToolError
 log = logging.getLogger(__name__)
 
 ArgsT = TypeVar("ArgsT")
+T = TypeVar("T")
 
 ErrorKind = Literal["bad_arguments", "timeout", "remote", "garbage", "replay_miss", "tool"]
 FaultSource = Literal["model", "infrastructure"]
@@ -112,6 +114,16 @@ class Tool(Protocol[ArgsT]):
         """Run the tool for one episode; may raise ToolError or RemoteError (run_tool turns them into
         observations)."""
         ...
+
+
+def behind_tools(tools: Mapping[str, Any], attr: str, kind: type[T]) -> T | None:
+    """The first `tool.backend.<attr>` that is a `kind` among an agent's tools (the fault injector, the tool
+    record, the web runtime a build put behind its backends), or None."""
+    for tool in tools.values():
+        found = getattr(getattr(tool, "backend", None), attr, None)
+        if isinstance(found, kind):
+            return found
+    return None
 
 
 def argument_text(raw: str, key: str, tool: str) -> str:

@@ -13,6 +13,7 @@ import hashlib
 import inspect
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -22,9 +23,16 @@ from asearch.config import Config
 from asearch.files import cache_dir
 from asearch.retrieval.index import IndexConfig
 from asearch.tools.base import Tool, ToolSources
-from asearch.tools.faults import FaultConfig, inject_faults
+from asearch.tools.faults import FaultConfig, fault_metrics, inject_faults
 from asearch.tools.registry import configurable_tools
-from asearch.tools.replay import RECORD_DIR, ToolRecord, ToolRecordConfig, record_dir_of, record_sources
+from asearch.tools.replay import (
+    RECORD_DIR,
+    ToolRecord,
+    ToolRecordConfig,
+    record_dir_of,
+    record_metrics,
+    record_sources,
+)
 from asearch.web.sources import WebConfig
 
 
@@ -198,3 +206,11 @@ def build_tools(
     specs = {spec.name: spec for spec in configurable_tools()}
     tools = {name: specs[name].build(sources, options) for name, options in cfg.enabled_tools().items()}
     return tools, closers
+
+
+def tool_metrics(tools: Mapping[str, Any], *, end_step: bool = False) -> dict[str, float]:
+    """What the layers a build put behind an agent's tools counted: web cache and costs (`end_step`: close the
+    step's window), injected faults, the tool record; {} for each layer the build did not make."""
+    from asearch.web.runtime import web_metrics
+
+    return {**web_metrics(tools, end_step=end_step), **fault_metrics(tools), **record_metrics(tools)}

@@ -36,7 +36,7 @@ from asearch.corpus.types import Page
 from asearch.retrieval.base import SearchHit
 from asearch.retrieval.client import RetrievalClient
 from asearch.tools.access import as_page_backend
-from asearch.tools.base import ToolSources
+from asearch.tools.base import ToolSources, behind_tools
 from asearch.tools.search import as_search_backend
 
 __all__ = ["FaultConfig", "FaultInjector", "FaultKind", "fault_metrics", "inject_faults"]
@@ -205,8 +205,5 @@ def inject_faults(sources: ToolSources, cfg: FaultConfig) -> tuple[ToolSources, 
 def fault_metrics(tools: Mapping[str, Any]) -> dict[str, float]:
     """`FaultInjector.metrics()` of the injector behind an agent's tools, or {} without `tools.faults`.
     Eval and training call it on whatever tools the config built, like `web_metrics`."""
-    for tool in tools.values():
-        faults = getattr(getattr(tool, "backend", None), "faults", None)
-        if isinstance(faults, FaultInjector):
-            return faults.metrics()
-    return {}
+    faults = behind_tools(tools, "faults", FaultInjector)
+    return faults.metrics() if faults is not None else {}

@@ -52,7 +52,7 @@ from asearch.errors import ConfigError, RemoteError, ToolError
 from asearch.files import atomic_write_json
 from asearch.retrieval.base import SearchHit
 from asearch.tools.access import as_page_backend
-from asearch.tools.base import ReplayMiss, ToolSources
+from asearch.tools.base import ReplayMiss, ToolSources, behind_tools
 from asearch.tools.search import as_search_backend
 
 __all__ = [
@@ -438,8 +438,5 @@ def record_sources(
 def record_metrics(tools: Mapping[str, Any]) -> dict[str, float]:
     """`Recorder.metrics()` of the recorder behind an agent's tools, or {} when nothing records or replays.
     Eval and training call it on whatever tools the config built, like `fault_metrics`."""
-    for tool in tools.values():
-        recorder = getattr(getattr(tool, "backend", None), "recorder", None)
-        if isinstance(recorder, Recorder):
-            return recorder.metrics()
-    return {}
+    recorder = behind_tools(tools, "recorder", Recorder)
+    return recorder.metrics() if recorder is not None else {}
