@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 import random
 import sys
@@ -140,21 +141,34 @@ def setting_name(eta: int) -> str:
 
 
 class EnvLatency:
-    """An engine whose every call is followed by `seconds` of waiting: the search call of the turn.
+    """An engine whose every call is followed by a wait: the search call of the turn.
 
     The random policy never writes a valid action, so no tool runs; this stands in for the tool's
     latency (a retrieval server, a web search) without using CPU, identically in every setting.
+    Fixed (`p99_s` None): `median_s` after every turn. Heavy-tailed: log-normal with median `median_s`
+    and 99th percentile `p99_s`, i.e. `median_s * exp(sigma * z)`, z ~ N(0, 1), sigma = ln(p99 / p50) / 2.326,
+    drawn from (seed, trajectory, turn) so every setting waits the same on the same turn.
     """
 
-    def __init__(self, engine: Any, seconds: float):
-        self._engine, self._seconds = engine, seconds
+    def __init__(self, engine: Any, median_s: float, *, p99_s: float | None = None, seed: int = 0):
+        self._engine, self._median, self._seed = engine, median_s, seed
+        self._sigma = 0.0 if p99_s is None else math.log(p99_s / median_s) / 2.3263
+        self._turns: dict[str, int] = {}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 
+    def wait_s(self, trajectory_id: str) -> float:
+        turn = self._turns.get(trajectory_id, 0)
+        self._turns[trajectory_id] = turn + 1
+        if not self._sigma:
+            return self._median
+        z = random.Random(f"{self._seed}:{trajectory_id}:{turn}").gauss(0.0, 1.0)
+        return self._median * math.exp(self._sigma * z)
+
     async def generate(self, request: Any) -> Any:
         resp = await self._engine.generate(request)
-        await asyncio.sleep(self._seconds)
+        await asyncio.sleep(self.wait_s(request.trajectory_id))
         return resp
 
 
@@ -272,7 +286,10 @@ async def run_setting(
     )
     agents = {k: base_agent.model_copy(update={"max_turns": k}) for k in set(turns)}
 
-    agent_engine = engine if args.env_latency_ms <= 0 else EnvLatency(engine, args.env_latency_ms / 1000)
+    p99 = None if args.env_latency_p99_ms is None else args.env_latency_p99_ms / 1000
+    agent_engine = (
+        engine if args.env_latency_ms <= 0 else EnvLatency(engine, args.env_latency_ms / 1000, p99_s=p99, seed=args.seed)
+    )
 
     async def episode(sample: dict[str, Any], k: int):
         traj = await run_episode(
@@ -494,6 +511,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "uses no CPU. 0 = instantaneous observations",
     )
     p.add_argument(
+        "--env-latency-p99-ms",
+        type=float,
+        default=None,
+        help="make the latency heavy-tailed: log-normal with median --env-latency-ms and this 99th percentile "
+        "(2000 with a median of 200: a web search API); the same draw per turn in every setting",
+    )
+    p.add_argument(
         "--prox",
         choices=["loglinear", "recompute"],
         default="loglinear",
@@ -519,6 +543,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error(f"--group must be >= 2 (the reward alternates within a group), got {args.group}")
     if not 1 <= args.min_turns <= args.max_turns:
         p.error(f"need 1 <= --min-turns <= --max-turns, got {args.min_turns} and {args.max_turns}")
+    if args.env_latency_p99_ms is not None and not 0 < args.env_latency_ms < args.env_latency_p99_ms:
+        p.error(f"--env-latency-p99-ms needs 0 < --env-latency-ms < it, got {args.env_latency_ms:g} and {args.env_latency_p99_ms:g}")
     try:
         args.eta_list = sorted({int(e) for e in args.etas.split(",")})
     except ValueError:
@@ -607,7 +633,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"S={S}, B={B}, n={n}, max_concurrent={C} groups, {args.new_tokens} tokens/turn, turns "
         f"{args.min_turns}..{args.max_turns} (Pareto alpha={args.alpha}), Qwen2 d={args.hidden} x "
         f"{args.layers} layers, prox={args.prox}, batch_order={args.batch_order}, engine={args.engine}, "
-        f"environment latency {args.env_latency_ms:g} ms/turn."
+        f"environment latency {args.env_latency_ms:g} ms/turn"
+        + ("." if args.env_latency_p99_ms is None else f" median, log-normal, p99 {args.env_latency_p99_ms:g} ms.")
     )
     report = format_report(results, header, args.long_turns)
     print(report)

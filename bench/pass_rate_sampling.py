@@ -1,13 +1,15 @@
 """Pass-rate-aware sampling on the CPU demo: RL from one supervised start with the sampler off, then on.
 
 For each demo run directory given (one per seed, holding a finished supervised start: `data/` and
-`model-sft/` with `sft.json`), the RL stage runs twice from that start, sampler off then on, each in a
+`model-sft/` with `sft.json`), the RL stage runs once per `--variants` entry from that start (off: no
+sampler; on: per-question pass rates; prior: those plus the hop-count prior for unseen questions), each in a
 copy of the directory (`asearch demo` resumes a copy from its supervised start). Per run: held-out
 accuracy before and after, the RL wall time at which the held-out curve first reached `--target`,
 groups generated per group kept, and rejections by cause. RL is budgeted in wall time: run it on quiet
 cores. Table to stdout and bench/results/pass_rate_sampling.md.
 
     .venv/bin/python bench/pass_rate_sampling.py runs/demo-seed0 runs/demo-seed1 runs/demo-seed2
+    .venv/bin/python bench/pass_rate_sampling.py runs/demo-seed{0,1,2} --variants prior
 """
 
 from __future__ import annotations
@@ -23,7 +25,12 @@ from pathlib import Path
 from asearch.files import atomic_write_text
 
 RESULTS = Path(__file__).parent / "results" / "pass_rate_sampling.md"
-VARIANTS = {"off": ["rl.rollout.sampling.pass_rate=false"], "on": ["rl.rollout.sampling.pass_rate=true"]}
+VARIANTS = {
+    "off": ["rl.rollout.sampling.pass_rate=false"],
+    "on": ["rl.rollout.sampling.pass_rate=true"],
+    # unseen questions admitted by their hop count's share of groups with variance (docs/rl.md)
+    "prior": ["rl.rollout.sampling.pass_rate=true", "rl.rollout.sampling.prior_key=metadata.hops"],
+}
 
 
 def rl_only_copy(start: Path, out: Path) -> None:
@@ -70,9 +77,11 @@ def table(results: dict[tuple[int, str], dict], target: float) -> str:
         lines.append(f"| {seed} | {variant} | {m['before']:.3f} | {m['after']:.3f} | {m['steps']} | {reached} | "
                      f"{per_kept} | {m['wasted'] or 0:.0%} | {sum(m['skipped'].values()):.0f} |")  # fmt: skip
     for seed in sorted({s for s, _ in results}):
-        off, on = results.get((seed, "off")), results.get((seed, "on"))
-        if off and on and off["reached_s"] and on["reached_s"]:
-            lines.append(f"\n- seed {seed}: time to {target:.2f} on/off = {on['reached_s'] / off['reached_s']:.2f}")
+        off = results.get((seed, "off"))
+        for variant in [v for v in VARIANTS if v != "off"]:
+            on = results.get((seed, variant))
+            if off and on and off["reached_s"] and on["reached_s"]:
+                lines.append(f"\n- seed {seed}: time to {target:.2f} {variant}/off = {on['reached_s'] / off['reached_s']:.2f}")
     return "\n".join(lines)
 
 
@@ -81,7 +90,7 @@ def main() -> None:
     ap.add_argument("starts", nargs="+", type=Path, help="demo run directories holding a supervised start")
     ap.add_argument("--out", type=Path, default=Path("runs/bench-pass-rate"), help="where the RL runs go")
     ap.add_argument("--target", type=float, default=0.85, help="held-out accuracy whose arrival time is compared")
-    ap.add_argument("--variants", default="off,on", help="which runs, in order (off, on)")
+    ap.add_argument("--variants", default="off,on", help=f"which runs, in order ({', '.join(VARIANTS)})")
     ap.add_argument("--set", action="append", default=[], help="a demo override for every run, e.g. rl.max_rl_seconds=60")
     args = ap.parse_args()
     results: dict[tuple[int, str], dict] = {}

@@ -46,3 +46,7 @@ class RemoteError(AsearchError):
 
 class LaunchError(AsearchError):
     """A launcher could not reach its cluster or place what the allocation asks for."""
+
+
+class TrainingDiverged(AsearchError):
+    """A training step's loss or gradient norm is not finite; the weights keep the last finite step's values."""

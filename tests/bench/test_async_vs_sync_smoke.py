@@ -35,6 +35,20 @@ def test_turn_counts_are_heavy_tailed_with_a_30x_spread():
     assert turns == bench.heavy_tailed_turns(20_000, low=2, high=60, alpha=1.0, seed=3)  # seeded
 
 
+def test_heavy_tailed_latency_has_the_asked_median_and_p99_and_the_same_draw_per_turn():
+    bench = _bench_module()
+    lat = bench.EnvLatency(None, 0.2, p99_s=2.0, seed=0)
+    waits = sorted(lat.wait_s(f"q{i}") for i in range(20_000))
+    assert waits[10_000] == pytest.approx(0.2, rel=0.05)
+    assert waits[19_800] == pytest.approx(2.0, rel=0.1)
+    a, b = (bench.EnvLatency(None, 0.2, p99_s=2.0, seed=0) for _ in range(2))  # two settings
+    waits_a = [a.wait_s("q7") for _ in range(3)]
+    assert waits_a == [b.wait_s("q7") for _ in range(3)] and len(set(waits_a)) == 3  # per turn, same in both
+    assert bench.EnvLatency(None, 0.2).wait_s("q1") == 0.2  # fixed without a p99
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--env-latency-ms", "200", "--env-latency-p99-ms", "100"])
+
+
 def test_parse_args_rejects_a_run_without_baseline_or_async_setting():
     bench = _bench_module()
     with pytest.raises(SystemExit):

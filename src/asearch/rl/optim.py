@@ -10,8 +10,9 @@ import torch
 from pydantic import Field
 
 from asearch.config import Config
+from asearch.errors import TrainingDiverged
 
-__all__ = ["OptimConfig", "lr_factor", "make_optimizer"]
+__all__ = ["OptimConfig", "clip_or_raise", "lr_factor", "make_optimizer"]
 
 
 class OptimConfig(Config):
@@ -47,3 +48,16 @@ def lr_factor(cfg: OptimConfig, step: int, total_steps: int, progress: float | N
     if progress is not None:
         p = min(1.0, max(p, progress))
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * p))
+
+
+def clip_or_raise(params: Iterable[torch.nn.Parameter], cfg: OptimConfig, *, where: str, step: int, loss: float) -> float:
+    """Clip the gradients to `cfg.grad_clip` and return their norm, or raise TrainingDiverged before the
+    optimiser step when the norm or the loss is not finite: one such step would turn every weight to NaN
+    and every later step would train on garbage without a word."""
+    norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
+    if not (math.isfinite(norm) and math.isfinite(loss)):
+        raise TrainingDiverged(
+            f"{where} step {step}: loss {loss:g}, gradient norm {norm:g} (lr {cfg.lr:g}); the weights keep step "
+            f"{step - 1}'s values. Lower {where}.optim.lr or add {where}.optim.warmup_steps."
+        )
+    return norm

@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 
 from asearch.models.device import TrainingPlacement, autocast, resolve_device, resolve_dtype
 from asearch.models.lora import LoraConfig, add_lora, is_lora
-from asearch.rl.optim import OptimConfig, lr_factor, make_optimizer
+from asearch.rl.optim import OptimConfig, clip_or_raise, lr_factor, make_optimizer
 from asearch.rl.trainer import Sample, micro_batches, sequence_logprobs
 
 
@@ -107,7 +107,7 @@ def sft(model: Any, samples: Sequence[Sample], cfg: SFTConfig, *, on_step: Calla
             loss = -(lp * mask).sum() / max(n_tokens, 1)
             loss.backward()
             total += loss.item()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+        clip_or_raise(model.parameters(), cfg.optim, where="sft", step=step, loss=total)
         opt.step()
         losses.append(total)
         if on_step:

@@ -8,6 +8,7 @@ token-budget micro-batches and take one AdamW step.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import random
 import shutil
@@ -19,6 +20,7 @@ from typing import Any, Literal, Protocol
 import torch
 from pydantic import Field
 
+from asearch.errors import TrainingDiverged
 from asearch.metrics.offpolicy import (
     MASKED_FRAC,
     MASKED_FRAC_BY_STALENESS,
@@ -308,6 +310,11 @@ class PolicyTrainer:
                 if lab_counts is not None:
                     lab += lab_counts
             grad_norms.append(self._clip_grad_norm())
+            if not math.isfinite(grad_norms[-1]):  # every rank has the global norm, so all raise together
+                raise TrainingDiverged(
+                    f"trainer step {self.step}: gradient norm {grad_norms[-1]:g} (lr {self.cfg.optim.lr:g}); the "
+                    "weights keep the last finite step's values. Lower trainer.optim.lr or add trainer.optim.warmup_steps."
+                )
             self.optimizer.step()
             self.scheduler.step()
             self.step += 1

@@ -9,6 +9,7 @@ with no edit.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import inspect
 import json
@@ -132,14 +133,26 @@ def ensure_index(corpus: str, cfg: IndexConfig, *, progress: bool = True) -> Pat
     fingerprint = hashlib.sha256(source.fingerprint().encode()).hexdigest()
     safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in source.name)
     path = cache_dir("indexes") / f"{safe}-{fingerprint[:12]}-{settings[:10]}"
-    if (path / "manifest.json").exists():
+
+    def complete() -> bool:
+        if not (path / "manifest.json").exists():
+            return False
         try:
             read_manifest(path)
             open_index(path, expect_fingerprint=source.fingerprint())
-            return path
+            return True
         except Exception:
-            pass  # partial or stale: rebuild below (build_index replaces it only once complete)
-    return build_index(source, path, cfg, progress=progress, overwrite=True)
+            return False  # partial or stale: rebuilt (build_index replaces it only once complete)
+
+    if complete():
+        return path
+    # one builder per cache entry: processes started together (a study's runs) wait for it, then reuse it,
+    # instead of each swapping its own copy over an index another one has open
+    with open(path.parent / f".{path.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if complete():
+            return path
+        return build_index(source, path, cfg, progress=progress, overwrite=True)
 
 
 def open_sources(cfg: ToolSourceConfig, *, progress: bool = True) -> tuple[ToolSources, list[Any]]:
