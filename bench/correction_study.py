@@ -3,8 +3,10 @@
 Each cell is one `asearch train configs/train-world-tiny.yaml` run from the same supervised start (a demo
 run's `model-sft` and `data/`), for a fixed number of steps (the cosine schedule runs over the steps, not a
 time budget, so a slow machine changes the wall time and not the result), with held-out accuracy on the
-demo's 100-question held-out subset every `--eval-every` steps and after the last one. Runs go `--parallel`
-at a time, each on one trainer and one engine thread.
+demo's 100-question held-out subset every `--eval-every` steps and after the last one. Each run keeps
+B x (eta + 1) groups in flight, so the generator can run as far ahead as eta allows (`--demo-concurrency`:
+the demo's 16 at every eta). Runs go `--parallel` at a time, each on one trainer and one engine thread;
+`--set KEY=VALUE` passes an override to every run (e.g. a higher `trainer.optim.lr`).
 
     .venv/bin/python bench/correction_study.py --start runs/demo-seed0 --out runs/study             # 16 runs
     .venv/bin/python bench/correction_study.py --start runs/demo-seed0 --out runs/study --quick     # 2 runs, 2 steps
@@ -46,6 +48,7 @@ def cell_command(args: argparse.Namespace, eta: int, correction: str, out: Path)
         "heldout.every_s=1000000", f"heldout.every_steps={args.eval_every}",
         f"checkpoint_every={args.eval_every}",
         f"trainer.device={args.device}", f"engine.device={args.device}",  # not `auto`: a GPU box would share one GPU
+        *args.set,
     ]
 
 
@@ -134,6 +137,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu", help="trainer and engine device of every run")
+    ap.add_argument("--set", action="append", default=[], help="a train override for every run, e.g. trainer.optim.lr=2e-3")
     ap.add_argument("--parallel", type=int, default=1, help="runs at once (each uses two threads)")
     ap.add_argument("--nice", type=int, default=0, help="run the cells at this niceness (leave room for other work)")
     ap.add_argument("--collapse-drop", type=float, default=0.10)
