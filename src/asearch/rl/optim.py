@@ -57,7 +57,7 @@ def clip_or_raise(params: Iterable[torch.nn.Parameter], cfg: OptimConfig, *, whe
     norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
     if not (math.isfinite(norm) and math.isfinite(loss)):
         raise TrainingDiverged(
-            f"{where} step {step}: loss {loss:g}, gradient norm {norm:g} (lr {cfg.lr:g}); the weights keep step "
-            f"{step - 1}'s values. Lower {where}.optim.lr or add {where}.optim.warmup_steps."
+            f"{where} step {step}: loss {loss:g}, gradient norm {norm:g} (lr {cfg.lr:g}); the weights keep their "
+            f"values from before this step. Lower {where}.optim.lr or add {where}.optim.warmup_steps."
         )
     return norm

@@ -139,8 +139,8 @@ def ensure_index(corpus: str, cfg: IndexConfig, *, progress: bool = True) -> Pat
             return False
         try:
             read_manifest(path)
-            open_index(path, expect_fingerprint=source.fingerprint())
-            return True
+            with open_index(path, expect_fingerprint=source.fingerprint()):
+                return True
         except Exception:
             return False  # partial or stale: rebuilt (build_index replaces it only once complete)
 
