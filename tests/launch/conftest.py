@@ -12,6 +12,12 @@ from pathlib import Path
 import pytest
 
 
+def _sigint_default() -> None:
+    """In the child: SIGINT back to its default, as in a terminal. A suite run as a background job (`make test &`,
+    nohup) hands its children SIGINT ignored, and the Ctrl-C tests would then test the harness, not asearch."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class TrainRun:
     """Starts `cmd` writing to `console` (or nowhere); a `with` block kills it if the test leaves early."""
 
@@ -19,7 +25,7 @@ class TrainRun:
         self.out, self.console, self.t0 = out, console, time.monotonic()
         sink = console.open("wb") if console else subprocess.DEVNULL
         try:
-            self.proc = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT, preexec_fn=_sigint_default)
         finally:
             if console:
                 sink.close()

@@ -148,7 +148,7 @@ def ensure_index(corpus: str, cfg: IndexConfig, *, progress: bool = True) -> Pat
         return path
     # one builder per cache entry: processes started together (a study's runs) wait for it, then reuse it,
     # instead of each swapping its own copy over an index another one has open
-    with open(path.parent / f".{path.name}.lock", "a") as lock:
+    with open(cache_dir("locks") / f"index-{path.name}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if complete():
             return path
