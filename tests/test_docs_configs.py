@@ -164,7 +164,8 @@ def test_every_override_example_loads_with_its_commands_model(where: str, comman
     overrides = [a for a in args if _OVERRIDE.match(a)]
     files = [ROOT / a for a in args if a.endswith((".yaml", ".yml")) and (ROOT / a).is_file()]
     path = files[0] if files else None
-    load_config(_model(command), path, overrides, base=None if path else REQUIRED.get(command))
+    cfg = load_config(model := _model(command), path, overrides, base=None if path else REQUIRED.get(command))
+    assert isinstance(cfg, model), cfg  # loaded, every key known (else ConfigError)
 
 
 @pytest.mark.parametrize(("where", "text", "command"), [h for h in _help_texts() if h[2]], ids=lambda v: str(v)[:40])
@@ -172,4 +173,6 @@ def test_bare_overrides_in_help_are_real_keys_of_the_command(where: str, text: s
     """`a.b=value` in a command's help outside a quoted example is an override of that command."""
     prose = re.sub(r"`[^`]*`|'[^']*'", "", text)
     overrides = re.findall(r"(?<![\w:,.=/-])([a-z_]\w*(?:\.\w+)+=[^\s,;)]+)", prose)
-    load_config(_model(command), None, overrides, base=REQUIRED.get(command))
+    cfg = load_config(model := _model(command), None, overrides, base=REQUIRED.get(command))
+    assert isinstance(cfg, model), cfg  # loaded, every key known (else ConfigError)
+

@@ -68,7 +68,8 @@ def test_help_overrides_are_real_keys_with_valid_values(name: str, cmd) -> None:
         if not overrides:
             continue
         files = [ROOT / f for f in re.findall(r"\bconfigs/[\w.-]+\.yaml\b", example)]
-        load_config(_model(name), files[0] if files else None, overrides, base=None if files else REQUIRED.get(name))
+        cfg = load_config(model := _model(name), files[0] if files else None, overrides, base=None if files else REQUIRED.get(name))
+        assert isinstance(cfg, model), cfg  # loaded, every key known (else ConfigError)
 
 
 @pytest.mark.parametrize(
@@ -76,3 +77,4 @@ def test_help_overrides_are_real_keys_with_valid_values(name: str, cmd) -> None:
 )
 def test_a_command_that_takes_overrides_shows_one(name: str, cmd) -> None:
     assert _OVERRIDE.search(_help_text(cmd)), f"`asearch {name} --help` shows no `key=value` example"
+

@@ -12,7 +12,7 @@ from pydantic import Field
 from asearch.config import Config
 from asearch.errors import TrainingDiverged
 
-__all__ = ["OptimConfig", "clip_or_raise", "lr_factor", "make_optimizer"]
+__all__ = ["OptimConfig", "clip_or_raise", "lr_factor", "make_optimizer", "raise_if_diverged"]
 
 
 class OptimConfig(Config):
@@ -51,13 +51,19 @@ def lr_factor(cfg: OptimConfig, step: int, total_steps: int, progress: float | N
 
 
 def clip_or_raise(params: Iterable[torch.nn.Parameter], cfg: OptimConfig, *, where: str, step: int, loss: float) -> float:
-    """Clip the gradients to `cfg.grad_clip` and return their norm, or raise TrainingDiverged before the
-    optimiser step when the norm or the loss is not finite: one such step would turn every weight to NaN
-    and every later step would train on garbage without a word."""
+    """Clip the gradients to `cfg.grad_clip` and return their norm (`raise_if_diverged` checks it)."""
     norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
-    if not (math.isfinite(norm) and math.isfinite(loss)):
-        raise TrainingDiverged(
-            f"{where} step {step}: loss {loss:g}, gradient norm {norm:g} (lr {cfg.lr:g}); the weights keep their "
-            f"values from before this step. Lower {where}.optim.lr or add {where}.optim.warmup_steps."
-        )
+    raise_if_diverged(norm, cfg, where=where, step=step, loss=loss)
     return norm
+
+
+def raise_if_diverged(norm: float, cfg: OptimConfig, *, where: str, step: int, loss: float | None = None) -> None:
+    """TrainingDiverged, to raise before the optimiser step, when the gradient norm or the loss is not finite:
+    one such step would turn every weight to NaN and every later step would train on garbage without a word."""
+    if math.isfinite(norm) and (loss is None or math.isfinite(loss)):
+        return
+    seen = ("" if loss is None else f"loss {loss:g}, ") + f"gradient norm {norm:g}"
+    raise TrainingDiverged(
+        f"{where} step {step}: {seen} (lr {cfg.lr:g}); the weights keep their values from before this step. "
+        f"Lower {where}.optim.lr or add {where}.optim.warmup_steps."
+    )

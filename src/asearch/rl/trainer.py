@@ -8,7 +8,6 @@ token-budget micro-batches and take one AdamW step.
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import random
 import shutil
@@ -20,7 +19,6 @@ from typing import Any, Literal, Protocol
 import torch
 from pydantic import Field
 
-from asearch.errors import TrainingDiverged
 from asearch.metrics.offpolicy import (
     MASKED_FRAC,
     MASKED_FRAC_BY_STALENESS,
@@ -42,7 +40,7 @@ from asearch.models.lora import (
 )
 from asearch.rl.advantages import AdvantageConfig, group_advantages
 from asearch.rl.loss import LossConfig, corrected_weights, decoupled_ppo_loss
-from asearch.rl.optim import OptimConfig, lr_factor, make_optimizer
+from asearch.rl.optim import OptimConfig, lr_factor, make_optimizer, raise_if_diverged
 
 
 class TrainerConfig(TrainingPlacement):
@@ -310,11 +308,8 @@ class PolicyTrainer:
                 if lab_counts is not None:
                     lab += lab_counts
             grad_norms.append(self._clip_grad_norm())
-            if not math.isfinite(grad_norms[-1]):  # every rank has the global norm, so all raise together
-                raise TrainingDiverged(
-                    f"trainer step {self.step}: gradient norm {grad_norms[-1]:g} (lr {self.cfg.optim.lr:g}); the "
-                    "weights keep the last finite step's values. Lower trainer.optim.lr or add trainer.optim.warmup_steps."
-                )
+            # every rank has the global norm, so all raise together
+            raise_if_diverged(grad_norms[-1], cfg.optim, where="trainer", step=self.step)
             self.optimizer.step()
             self.scheduler.step()
             self.step += 1
