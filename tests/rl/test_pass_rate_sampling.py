@@ -161,3 +161,64 @@ def test_unseen_questions_follow_their_class_variance_share_once_every_class_has
     assert all(sampler.admit({"id": f"n{i}"}) for i in range(50))  # no hops field: no prior
     restored = PassRateSampler(cfg, seed=1, state=json.loads(json.dumps(sampler.state_dict())))
     assert restored.class_variance() == sampler.class_variance() and restored.classes["1"].maxlen == 20
+
+
+def _probe_run(probe: int, seed: int, steps: int = 12) -> dict:
+    """A stream of fresh questions (never repeated), a third always right, a third never, a third coin flips."""
+    cfg = ControllerConfig(batch_size=4, group_size=8, max_staleness=1, max_concurrent=6,
+                           sampling=SamplingConfig(probe=probe))  # fmt: skip
+    rng = random.Random(seed)
+    calls: dict[int, list[int]] = {}
+    holder: dict[str, RolloutController] = {}
+
+    async def episode(sample, k):
+        calls.setdefault(sample["id"], []).append(k)
+        await asyncio.sleep(rng.choice([0.0002, 0.001]))
+        p = (1.0, 0.0, 0.5)[sample["id"] % 3]
+        return _traj(float(rng.random() < p), holder["ctl"].version)
+
+    async def main():
+        ctl = RolloutController(cfg, ((i, {"id": i}) for i in range(10_000)), episode, seed=seed)
+        holder["ctl"] = ctl
+        ctl.start()
+        trained = []
+        for _ in range(steps):
+            trained += await ctl.get_batch()
+            ctl.set_version(ctl.version + 1)
+        state = json.loads(json.dumps(ctl.state_dict()))
+        await ctl.close()
+        return ctl, trained, state
+
+    ctl, trained, state = asyncio.run(main())
+    return {"ctl": ctl, "trained": trained, "calls": calls, "state": state}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_probe_drops_settled_groups_after_k_samples_and_saves_their_other_episodes(seed) -> None:
+    plain, probed = _probe_run(0, seed), _probe_run(2, seed)
+    ctl = probed["ctl"]
+    assert ctl.rejected["probe_settled"] > 0 and "probe_settled" not in plain["ctl"].rejected
+    for g in probed["trained"]:  # every trained group is whole, has variance, and drew each sample index once
+        assert len(g.trajectories) == 8 and max(g.rewards) > min(g.rewards)
+        assert sorted(probed["calls"][g.sample["id"]]) == list(range(8))
+    settled = [ks for ks in probed["calls"].values() if len(ks) == 2]
+    assert len(settled) >= ctl.rejected["probe_settled"] and all(sorted(ks) == [0, 1] for ks in settled)
+    # the counters add up: every finished episode counted, kept ones are the trained and queued groups'
+    started, in_flight = sum(len(ks) for ks in probed["calls"].values()), len(probed["state"]["redo"])
+    assert started - 8 * in_flight <= ctl.episodes_generated <= started
+    assert ctl.episodes_kept == 8 * (len(probed["trained"]) + len(ctl.ready))
+    per_kept = lambda r: r["ctl"].episodes_generated / r["ctl"].episodes_kept  # noqa: E731
+    # per kept group: 3 groups (24 episodes) without a probe; with one, 6 questions probed (half the coin flips'
+    # probes disagree), 12 + 6 episodes: 3.0 against 2.25 episodes per kept episode
+    assert per_kept(probed) < 0.85 * per_kept(plain), (per_kept(plain), per_kept(probed))
+    assert probed["state"]["episodes"] == {"generated": ctl.episodes_generated, "kept": ctl.episodes_kept}
+    parts = RolloutController.restore_parts(probed["state"])
+    restored = RolloutController(ctl.cfg, iter([]), lambda s, k: None, **parts)  # type: ignore[arg-type,return-value]
+    assert (restored.episodes_generated, restored.episodes_kept) == (ctl.episodes_generated, ctl.episodes_kept)
+
+
+@pytest.mark.parametrize("fields", [{"probe": 1}, {"probe": 8}, {"probe": 2, "drop": False}])
+def test_a_probe_that_cannot_save_anything_is_a_config_error(fields) -> None:
+    with pytest.raises(ValueError, match=r"sampling.probe=\d"):
+        ControllerConfig(group_size=8, drop_zero_variance=fields.get("drop", True),
+                         sampling=SamplingConfig(probe=fields["probe"]))  # fmt: skip

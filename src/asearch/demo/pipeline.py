@@ -412,6 +412,8 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
         "expert_mean_tokens": start["expert_mean_tokens"],
         "heldout_questions": len(heldout_records),
         "rejected_groups": rl_summary["rejected_groups"],
+        "episodes_generated": rl_summary.get("episodes_generated", 0),
+        "episodes_kept": rl_summary.get("episodes_kept", 0),
         **horizon_summary(rows_after, _rows_if_any(run.path / "heldout_before.jsonl")),
     }
     from asearch.demo.report import write_horizon_plot, write_plot, write_report

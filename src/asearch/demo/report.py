@@ -105,6 +105,11 @@ def _mistakes(cfg: Any) -> str:
     return "stop early or copy the wrong name"
 
 
+def _waste(s: dict) -> str:
+    generated = s.get("episodes_generated") or 0
+    return f"{1 - s.get('episodes_kept', 0) / generated:.0%}" if generated else "-"
+
+
 def _model_line(s: dict[str, Any], cfg: Any) -> str:
     model = getattr(cfg, "model", None)
     lora = getattr(getattr(cfg.rl, "trainer", None), "lora", None)
@@ -131,6 +136,7 @@ expert trajectories that {_mistakes(cfg)}, then trained with fully asynchronous 
 | SFT time | {s['sft_seconds']:.0f} s |
 | total wall time | {s['wall_seconds']:.0f} s |
 | rejected groups | {s['rejected_groups']} |
+| episodes generated / in kept groups | {s.get('episodes_generated', 0)} / {s.get('episodes_kept', 0)} ({_waste(s)} wasted) |
 
 ![reward and held-out accuracy](curve.png)
 

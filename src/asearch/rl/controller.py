@@ -8,7 +8,9 @@ group admitted at version a is only trained at version <= a + eta, so the bound 
 just system-wide (in-flight hopeless groups are cancelled early). An episode that met an infrastructure
 fault (a tool timeout, 5xx or garbled answer) leaves its group: the advantages compare the clean ones,
 and a group with fewer than 2 clean episodes is rejected ("infra_fault"). With `sampling.pass_rate`, prompts
-whose recent groups were all settled are mostly skipped before any generation (`asearch.rl.sampling`).
+whose recent groups were all settled are mostly skipped before any generation, and with `sampling.probe` = k
+a group whose first k samples all got the same reward is dropped before the rest are generated
+("probe_settled"; `asearch.rl.sampling`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from asearch.agent.trajectory import Trajectory
 from asearch.config import Config
@@ -44,6 +46,17 @@ class ControllerConfig(Config):
         "trajectories train as often as in synchronous RL; a straggler delays training, not generation.",
     )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+
+    @model_validator(mode="after")
+    def _probe_fits_the_group(self) -> ControllerConfig:
+        k = self.sampling.probe
+        if k and not (2 <= k < self.group_size and self.drop_zero_variance):
+            raise ValueError(
+                f"sampling.probe={k} needs 2 <= probe < group_size ({self.group_size}) and drop_zero_variance "
+                f"(it is {self.drop_zero_variance}): a probe of one sample cannot disagree, one of the whole "
+                "group saves nothing"
+            )
+        return self
 
 
 @dataclass
@@ -77,6 +90,7 @@ class RolloutController:
         ready: list[Group] | None = None,
         rejected: dict[str, int] | None = None,
         data_position: int = 0,
+        episodes: dict[str, int] | None = None,
         sampler_state: dict[str, Any] | None = None,
         seed: int = 0,
     ):
@@ -89,6 +103,10 @@ class RolloutController:
         self.errors: list[str] = []
         self.masked_episodes = 0  # episodes that met an infrastructure fault, left out of their group
         self.masked_by_kind: Counter[str] = Counter()  # those episodes by the fault kinds they met
+        # every episode that finished (probes and rejected groups' included), and those in groups kept for
+        # training (un-counted if they go stale in the queue)
+        self.episodes_generated = (episodes or {}).get("generated", 0)
+        self.episodes_kept = (episodes or {}).get("kept", 0)
         self.exhausted = False
         self.data_position = data_position  # one past the last prompt pulled from `data`
         use_pass_rate = cfg.sampling.pass_rate and cfg.drop_zero_variance and cfg.group_size >= 2
@@ -138,42 +156,62 @@ class RolloutController:
 
     async def _run_group(self, group: Group) -> None:
         cause = None
+        n, probe = self.cfg.group_size, self.cfg.sampling.probe
         try:
-            n = self.cfg.group_size
-            episodes = await asyncio.gather(*(self.run_episode(group.sample, k) for k in range(n)))
-            finished = [t for t in episodes if t is not None]
-            unscored = [t.id for t in finished if t.reward is None]
-            if unscored:
-                raise ValueError(f"the workflow returned unscored trajectories {unscored}")
-            # out whatever its reward: the infrastructure failed it (conditioning on the reward would bias)
-            masked = [t for t in finished if t.met_infra_fault]
-            self.masked_episodes += len(masked)
-            self.masked_by_kind.update(kind for t in masked for kind in t.infra_faults)
-            group.trajectories = [t for t in finished if not t.met_infra_fault]
-            group.rewards = [float(t.reward or 0.0) for t in group.trajectories]
-            if len(finished) < n:  # a group is compared within itself: a missing sample spoils it
-                cause = "rejected_episode"
-            elif len(group.trajectories) < min(2, n):  # too few clean samples left to compare
-                cause = "infra_fault"
-            elif self.cfg.drop_zero_variance and max(group.rewards) - min(group.rewards) < 1e-9:
-                cause = "zero_variance"
+            episodes = await self._generate(group.sample, range(probe or n))
+            if probe:  # k samples first: equal rewards predict a settled group, so the other n - k are not spent
+                cause = self._judge(group, episodes, probe)
+                if cause == "zero_variance":
+                    cause = "probe_settled"
+                elif cause != "rejected_episode":  # variance, or too few clean probes to tell
+                    episodes += await self._generate(group.sample, range(probe, n))
+                    cause = None
+            if cause is None:
+                cause = self._judge(group, episodes, n)
         except asyncio.CancelledError:
             cause = "stale"
         except Exception as e:  # an episode must not kill the run: count it, keep the message
             cause = "error"
             self.errors.append(f"{type(e).__name__}: {e}")
-        if self.sampler is not None and cause in (None, "zero_variance"):
+        if self.sampler is not None and cause in (None, "zero_variance", "probe_settled"):
             self.sampler.record(group.sample, group.rewards, [float(t.score or 0.0) for t in group.trajectories])
         self.inflight.pop(group.seq, None)
         self.staleness.finish(accepted=cause is None)
         if cause is None:
             self.ready.append(group)
+            self.episodes_kept += len(group.trajectories)
         else:
             self.rejected[cause] += 1
         self._batch_ready.set()  # get_batch re-checks: a finished straggler may complete an "admitted" batch
         if not self.inflight:
             self._mark_idle()
         self._wake.set()
+
+    async def _generate(self, sample: Any, ks: range) -> list[Trajectory | None]:
+        """Samples `ks` of `sample`'s group, counted (the infrastructure-faulted ones by fault kind too)."""
+        episodes = list(await asyncio.gather(*(self.run_episode(sample, k) for k in ks)))
+        self.episodes_generated += len(episodes)
+        unscored = [t.id for t in episodes if t is not None and t.reward is None]
+        if unscored:
+            raise ValueError(f"the workflow returned unscored trajectories {unscored}")
+        masked = [t for t in episodes if t is not None and t.met_infra_fault]
+        self.masked_episodes += len(masked)
+        self.masked_by_kind.update(kind for t in masked for kind in t.infra_faults)
+        return episodes
+
+    def _judge(self, group: Group, episodes: list[Trajectory | None], n: int) -> str | None:
+        """Sets the group's clean trajectories and rewards; the cause to reject it, None to keep it."""
+        finished = [t for t in episodes if t is not None]
+        # out whatever its reward: the infrastructure failed it (conditioning on the reward would bias)
+        group.trajectories = [t for t in finished if not t.met_infra_fault]
+        group.rewards = [float(t.reward or 0.0) for t in group.trajectories]
+        if len(finished) < len(episodes):  # a group is compared within itself: a missing sample spoils it
+            return "rejected_episode"
+        if len(group.trajectories) < min(2, n):  # too few clean samples left to compare
+            return "infra_fault"
+        if self.cfg.drop_zero_variance and max(group.rewards) - min(group.rewards) < 1e-9:
+            return "zero_variance"
+        return None
 
     # ------------------------------------------------------------------ consumer
 
@@ -187,6 +225,7 @@ class RolloutController:
                 self.staleness.accepted -= 1  # it was counted as kept: un-count it to free capacity
                 self.staleness.rejected += 1
                 self.rejected["stale"] += 1
+                self.episodes_kept -= len(g.trajectories)
                 self._wake.set()
             self.ready.sort(key=lambda g: g.seq)
             eligible = self.ready
@@ -244,6 +283,7 @@ class RolloutController:
             "redo": [(g.index, g.sample) for g, _ in sorted(self.inflight.values(), key=lambda x: x[0].seq)]
             + self.redo,
             "rejected": dict(self.rejected),
+            "episodes": {"generated": self.episodes_generated, "kept": self.episodes_kept},
             "data_position": self.data_position,
             "sampler_state": self.sampler.state_dict() if self.sampler is not None else None,
         }
@@ -268,6 +308,7 @@ class RolloutController:
             "ready": ready,
             "redo": [tuple(x) for x in state["redo"]],
             "rejected": state.get("rejected", {}),
+            "episodes": state.get("episodes"),
             "data_position": state["data_position"],
             "sampler_state": state.get("sampler_state"),
         }

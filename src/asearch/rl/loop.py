@@ -273,6 +273,7 @@ class TrainingLoop:
             "steps": self.step, "policy_version": self.version, "rl_wall_seconds": self.rl_wall(),
             "heldout_acc_final": evals[-1] if evals else None,
             "rejected_groups": dict(self.controller.rejected), "episode_errors": self.controller.errors[:20],
+            "episodes_generated": self.controller.episodes_generated, "episodes_kept": self.controller.episodes_kept,
         })  # fmt: skip
         return self.summary
 
@@ -322,4 +323,7 @@ def rollout_metrics(
             m[f"rollout/class_variance/{cls}"] = share
     kept, dropped = controller.staleness.accepted, controller.staleness.rejected
     m["rollout/groups_per_kept"] = (kept + dropped) / max(kept, 1)
+    # generation spent, in episodes: a probe-settled group costs its probes, not a whole group
+    m["rollout/episodes_per_kept"] = controller.episodes_generated / max(controller.episodes_kept, 1)
+    m["rollout/episode_waste"] = 1.0 - controller.episodes_kept / max(controller.episodes_generated, 1)
     return m

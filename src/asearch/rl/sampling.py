@@ -20,6 +20,12 @@ class's last `prior_window` groups had reward variance, and admits a question it
 
 once every class in play has `prior_min` groups (before that: 1). Generation shifts toward the classes whose
 groups teach, at the rate the best one does; skips by this rule are counted as `prior`.
+
+`probe` = k is a per-question prediction for questions never seen: the controller generates k of the group's
+n samples first and drops the group (cause `probe_settled`, costing k episodes instead of n) when their
+rewards are all equal; otherwise it generates the other n - k and judges the whole group as usual. A group
+whose k probes disagree always has variance. Like dropping zero-variance groups, this conditions which
+questions are trained on their sampled outcomes: it favours questions the policy solves about half the time.
 """
 
 from __future__ import annotations
@@ -55,6 +61,13 @@ class SamplingConfig(Config):
     )
     prior_window: int = Field(64, ge=1, description="Groups remembered per class of `prior_key`.")
     prior_min: int = Field(8, ge=1, description="Groups every class needs before the class prior is used.")
+    probe: int = Field(
+        0,
+        ge=0,
+        description="k >= 2: generate k of a group's samples first and drop the group (cause probe_settled) when "
+        "their rewards are all equal; otherwise generate the rest. 0: off. Needs drop_zero_variance and "
+        "group_size > k.",
+    )
 
 
 def question_key(sample: Any) -> Hashable:
