@@ -265,11 +265,9 @@ async def run_setting(
 
     torch.manual_seed(args.seed)
     policy, tok = build_policy(args.seed, args.hidden, args.layers, args.max_positions)
-    policy.set_attn_implementation(args.attention)  # the trainer's forward and backward
     B, n, C = args.batch, args.group, args.max_concurrent
-    trainer = PolicyTrainer(
-        policy, TrainerConfig(seed=args.seed, prox=args.prox), temperature=1.0, total_steps=args.steps
-    )
+    trainer_cfg = TrainerConfig(seed=args.seed, prox=args.prox, attention=args.attention)
+    trainer = PolicyTrainer(policy, trainer_cfg, temperature=1.0, total_steps=args.steps)
     gen = await Generator.open(args, policy, tok, server)
     engine = gen.engine
     base_agent = AgentConfig(
@@ -483,7 +481,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--max-concurrent",
         type=int,
         default=None,
-        help="groups in flight, the same in every setting (default 4 x B: room for eta <= 3 without a cap)",
+        help="groups in flight, the same in every setting (default: (largest eta + 1) x B, the product's default "
+        "rollout.max_concurrent at that eta; before 2026-11-27 the default was 4 x B, which capped eta 8 at 3 steps ahead)",
     )
     p.add_argument(
         "--batch-order",
@@ -526,10 +525,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--attention",
-        choices=["eager", "sdpa"],
-        default="eager",
-        help="the trainer's attention (build_tiny_model's default is eager; sdpa trains a 2,500-token episode "
-        "4.5x faster on one CPU thread)",
+        choices=["auto", "model", "sdpa"],
+        default="auto",
+        help="trainer.attention: auto (the default) SDPA for micro-batches of 384+ tokens, the model's eager "
+        "attention below; model: eager throughout (before 2026-11-27); sdpa throughout",
     )
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
@@ -545,7 +544,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.steps, args.batch, args.group = min(args.steps, 3), min(args.batch, 2), min(args.group, 2)
         args.max_turns, args.new_tokens = min(args.max_turns, 12), min(args.new_tokens, 4)
         args.no_save = True
-    args.max_concurrent = args.max_concurrent or 4 * args.batch
+    # the product's default (rollout.max_concurrent unset: (eta + 1) x B) at the largest eta run; the same in every
+    # setting, where the staleness rule admits fewer anyway
+    etas = [int(e) for e in args.etas.split(",") if e.strip()]
+    args.max_concurrent = args.max_concurrent or (max(etas, default=0) + 1) * args.batch
     args.long_turns = args.long_turns or max(args.min_turns + 1, args.max_turns // 2)
     if args.group < 2:
         p.error(f"--group must be >= 2 (the reward alternates within a group), got {args.group}")

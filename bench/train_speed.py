@@ -6,6 +6,8 @@
 2. Precision. SFT under bfloat16 autocast against float32, at the demo's budget.
 3. The LM head. An RL step's loss needs log-probs of the generated tokens only (a fifth of the positions);
    `sequence_logprobs(..., generated_only=True)` applies the head and softmax there alone.
+4. Attention. An RL step under SDPA against plain matmul ("eager") attention, on the demo's episodes and on
+   long ones (the demo's episodes joined into rows of `--long-tokens`, as a 30+-turn episode is long).
 Each is timed beside its baseline in the same run. Table to stdout and bench/results/train_speed.md.
 
     .venv/bin/python bench/train_speed.py                 # 2 threads, 12 SFT and 4 RL steps per setting
@@ -17,6 +19,7 @@ import argparse
 import asyncio
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -31,7 +34,7 @@ def demo_samples(n_questions: int):
     from asearch.agent.loop import AgentConfig
     from asearch.agent.workflow import SearchAgentWorkflow, run_workflow
     from asearch.corpus.world import WorldCorpus
-    from asearch.demo.pipeline import DEMO_STYLE, _tokenizer_texts
+    from asearch.demo.pipeline import DEMO_STYLE, DemoConfig, _Layout, _tokenizer_texts
     from asearch.demo.worlds import world_records
     from asearch.engine.scripted import ScriptedEngine
     from asearch.models.tiny import build_tiny_model, train_bpe_tokenizer
@@ -40,7 +43,8 @@ def demo_samples(n_questions: int):
 
     world = WorldCorpus(1, 1000, names=255, pages="facts")
     records = world_records(1, 1000, n_questions, (1, 2, 3), "bench", 255, "facts", name_answers=True)
-    tokenizer = train_bpe_tokenizer(_tokenizer_texts(world, records, 2), vocab_size=2000)
+    demo = DemoConfig()
+    tokenizer = train_bpe_tokenizer(_tokenizer_texts(world, records, demo, _Layout.of(demo)), vocab_size=2000)
     tools, closers = build_tools(
         ToolsConfig(corpus=world.name, search={"topk": 2, "show_urls": False, "compact": True}, access=None), progress=False
     )
@@ -53,7 +57,7 @@ def demo_samples(n_questions: int):
     samples = trajectories_to_samples([t for t in trajectories if t is not None])
     for close in closers:
         close()
-    return samples, lambda: build_tiny_model(tokenizer, seed=0)
+    return samples, lambda: build_tiny_model(tokenizer, max_positions=4096, seed=0)
 
 
 def time_sft(new_model, samples, budget: int, steps: int, bf16: bool = False) -> float:
@@ -67,15 +71,18 @@ def time_sft(new_model, samples, budget: int, steps: int, bf16: bool = False) ->
     return (time.perf_counter() - t0) / steps
 
 
-def time_rl(new_model, samples, budget: int, steps: int) -> float:
+def time_rl(new_model, samples, budget: int, steps: int, attention: str | None = None, per_step: int = 64) -> float:
     from asearch.rl.trainer import PolicyTrainer, Sample, TrainerConfig
 
     rl = [Sample(s.token_ids, s.loss_mask, [-1.0] * len(s.token_ids), [0] * len(s.token_ids), (-1.0) ** i) for i, s in enumerate(samples)]
-    trainer = PolicyTrainer(new_model(), TrainerConfig(token_budget=budget), total_steps=steps + 1)
-    trainer.train_step(rl[:64], policy_version=0)  # warm-up
+    model = new_model()
+    if attention is not None:
+        model.set_attn_implementation(attention)
+    trainer = PolicyTrainer(model, TrainerConfig(token_budget=budget), total_steps=steps + 1)
+    trainer.train_step(rl[:per_step], policy_version=0)  # warm-up
     t0 = time.perf_counter()
     for k in range(steps):
-        trainer.train_step(rl[64 * (k + 1) : 64 * (k + 2)], policy_version=0)
+        trainer.train_step(rl[per_step * (k + 1) : per_step * (k + 2)], policy_version=0)
     return (time.perf_counter() - t0) / steps
 
 
@@ -98,13 +105,17 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--sft-steps", type=int, default=12)
     ap.add_argument("--rl-steps", type=int, default=4)
+    ap.add_argument("--long-tokens", type=int, default=2500, help="row length of the long episodes in section 4")
+    ap.add_argument("--only-attention", action="store_true", help="section 4 alone")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     samples, new_model = demo_samples(600)
     lengths = sorted(len(s.token_ids) for s in samples)
     print(f"{len(samples)} expert episodes, tokens min/median/max {lengths[0]}/{lengths[len(lengths) // 2]}/{lengths[-1]}; {args.threads} threads")
 
-    rows = []
+    rows = attention_rows(new_model, samples, args)
+    if args.only_attention:
+        return report(rows, samples, args)
     sft_base = time_sft(new_model, samples, 8192, args.sft_steps)
     for budget in (16384, 8192, 4096, 2048, 1024):
         t = sft_base if budget == 8192 else time_sft(new_model, samples, budget, args.sft_steps)
@@ -125,7 +136,37 @@ def main() -> None:
         t = rl_base if budget == 16384 else time_rl(new_model, samples, budget, args.rl_steps)
         rows.append(("RL train_step (64 samples)", budget, t, rl_base / t))
         print(f"rl   budget {budget:6d}: {t:.3f} s/step  x{rl_base / t:.2f} vs 16384", flush=True)
+    report(rows, samples, args)
+    best_sft = max((r for r in rows if r[0] == "SFT step (32 episodes)"), key=lambda r: r[3])
+    print(f"sft speed ratio (budget {best_sft[1]} / 8192): {best_sft[3]:.2f}")
+    print(f"sft float32/bf16 speed ratio: {bf16 / fp32:.2f}")
+    print(f"rl generated-only/full head speed ratio: {every / generated:.2f}")
 
+
+def attention_rows(new_model, samples, args) -> list[tuple[str, int, float, float]]:
+    """RL steps under eager (the baseline) and SDPA attention, on the demo's episodes and on long rows."""
+    long_rows, ids, mask = [], [], []
+    for s in samples:  # episodes end to end until a row is --long-tokens long
+        ids, mask = ids + list(s.token_ids), mask + list(s.loss_mask)
+        if len(ids) >= args.long_tokens:
+            long_rows.append(SimpleNamespace(token_ids=ids[: args.long_tokens], loss_mask=mask[: args.long_tokens]))
+            ids, mask = [], []
+    rows = []
+    for what, data, budget, per_step in (
+        ("demo episodes", samples, 4096, 64),
+        (f"{args.long_tokens}-token episodes", long_rows, 2 * args.long_tokens, 8),
+    ):
+        steps = min(args.rl_steps, len(data) // per_step - 1)
+        eager = time_rl(new_model, data, budget, steps, "eager", per_step)
+        sdpa = time_rl(new_model, data, budget, steps, "sdpa", per_step)
+        rows.append((f"RL train_step ({per_step} {what}), eager attention (baseline)", budget, eager, 1.0))
+        rows.append((f"RL train_step ({per_step} {what}), SDPA", budget, sdpa, eager / sdpa))
+        print(f"rl   {what}: sdpa {sdpa:.3f} s/step against eager {eager:.3f}: x{eager / sdpa:.2f}", flush=True)
+    return rows
+
+
+def report(rows, samples, args) -> None:
+    lengths = sorted(len(s.token_ids) for s in samples)
     table = ["| what | token budget | s/step | speed vs its baseline |", "|---|---|---|---|"]
     table += [f"| {w} | {b} | {t:.3f} | {r:.2f}x |" for w, b, t, r in rows]
     text = (
@@ -134,10 +175,6 @@ def main() -> None:
     )
     atomic_write_text(RESULTS, text)
     print("\n".join(table))
-    best_sft = max((r for r in rows if r[0] == "SFT step (32 episodes)"), key=lambda r: r[3])
-    print(f"sft speed ratio (budget {best_sft[1]} / 8192): {best_sft[3]:.2f}")
-    print(f"sft float32/bf16 speed ratio: {bf16 / fp32:.2f}")
-    print(f"rl generated-only/full head speed ratio: {every / generated:.2f}")
 
 
 if __name__ == "__main__":

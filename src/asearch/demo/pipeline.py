@@ -182,8 +182,10 @@ class DemoConfig(Config):
     )
     max_positions: int = Field(1024, ge=64, description="Positions of the tiny Qwen2 (the longest context it can see).")
     attention: Literal["eager", "sdpa"] = Field(
-        "eager", description="Attention of SFT and the RL trainer: 'eager' (plain matmuls) is the faster one on "
-        "short episodes, 'sdpa' on long ones (2.2x at 620 tokens per sequence; docs/demo.md).",
+        "eager", description="The model's attention in SFT and the RL trainer: 'eager' (plain matmuls) is the faster "
+        "one on short episodes, 'sdpa' on long ones (2.2x at 620 tokens per sequence; docs/demo.md). Either way the "
+        "trainers use SDPA for micro-batches of attention_switch_tokens (384) or more (sft.attention, "
+        "rl.trainer.attention: auto).",
     )
     sft: SFTConfig = Field(
         default_factory=lambda: SFTConfig(

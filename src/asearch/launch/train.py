@@ -167,7 +167,7 @@ async def train(cfg: TrainConfig, *, run: RunDir, log: Log = print, model: Any =
         log(
             f"RL: {len(records)} questions, B={B} groups x n={n} samples = {B * n} trajectories/step, eta={eta} "
             f"({'synchronous' if eta == 0 else 'one-step-off' if eta == 1 else 'fully asynchronous'}), "
-            f"<= {cfg.rollout.max_concurrent} groups in flight, {n_params:,} params"
+            f"<= {cfg.rollout.concurrency} groups in flight, {n_params:,} params"
         )
         engine_counts = EngineCounters(engine)
         loop = TrainingLoop(

@@ -36,7 +36,12 @@ class ControllerConfig(Config):
     max_staleness: int = Field(
         2, ge=0, description="eta: 0 = synchronous, 1 = one-step-off, >1 = fully asynchronous."
     )
-    max_concurrent: int = Field(16, ge=1, description="Groups generating at once.")
+    max_concurrent: int | None = Field(
+        None,
+        ge=1,
+        description="Groups generating at once. None: (max_staleness + 1) x batch_size, as many as the staleness "
+        "rule ever admits, so eta is reached; a number caps the engine's load (and how far ahead eta lets it run).",
+    )
     drop_zero_variance: bool = Field(True, description="Reject groups whose rewards are all equal.")
     batch_order: Literal["finished", "admitted"] = Field(
         "finished",
@@ -46,6 +51,11 @@ class ControllerConfig(Config):
         "trajectories train as often as in synchronous RL; a straggler delays training, not generation.",
     )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+
+    @property
+    def concurrency(self) -> int:
+        """Groups generating at once: `max_concurrent`, or what the staleness rule admits at most."""
+        return self.max_concurrent or (self.max_staleness + 1) * self.batch_size
 
     @model_validator(mode="after")
     def _probe_fits_the_group(self) -> ControllerConfig:
@@ -95,7 +105,7 @@ class RolloutController:
         seed: int = 0,
     ):
         self.cfg, self.data, self.run_episode = cfg, data, run_episode
-        self.staleness = staleness or StalenessManager(cfg.batch_size, cfg.max_staleness, cfg.max_concurrent)
+        self.staleness = staleness or StalenessManager(cfg.batch_size, cfg.max_staleness, cfg.concurrency)
         self.redo: list[tuple[int, Any]] = list(redo or [])  # prompts in flight at the last checkpoint
         self.ready: list[Group] = list(ready or [])
         self.inflight: dict[int, tuple[Group, asyncio.Task]] = {}

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, model_validator
 
-from asearch.models.device import TrainingPlacement, autocast, resolve_device, resolve_dtype
+from asearch.models.device import TrainingPlacement, autocast, resolve_device, resolve_dtype, use_attention
 from asearch.models.lora import LoraConfig, add_lora, is_lora
 from asearch.rl.optim import OptimConfig, clip_or_raise, lr_factor, make_optimizer
 from asearch.rl.trainer import Sample, micro_batches, sequence_logprobs
@@ -98,6 +98,7 @@ def sft(model: Any, samples: Sequence[Sample], cfg: SFTConfig, *, on_step: Calla
             rows = [batch[i] for i in micro]
             # per row: the weight of each position's loss (1 generated, w_ctx on the covered read tokens)
             weights = [[m + w_ctx * c for m, c in zip(s.loss_mask, ctx[i], strict=True)] for s, i in zip(rows, micro, strict=True)]
+            use_attention(model, max(len(s.token_ids) for s in rows), cfg)
             with autocast(device, compute_dtype):
                 lp = sequence_logprobs(model, rows, temperature=1.0, generated_only=not w_ctx).float()
             mask = torch.zeros_like(lp)

@@ -28,7 +28,7 @@ from asearch.metrics.offpolicy import (
     VERSIONS_BEHIND_HIST,
     VERSIONS_BEHIND_LABELS,
 )
-from asearch.models.device import TrainingPlacement, autocast, resolve_dtype
+from asearch.models.device import TrainingPlacement, autocast, resolve_dtype, use_attention
 from asearch.models.lora import (
     LoraConfig,
     adapter_state_dict,
@@ -282,6 +282,7 @@ class PolicyTrainer:
         if cfg.prox == "recompute" and cfg.n_minibatches > 1:
             with torch.no_grad(), autocast(self.device, self.compute_dtype):
                 for idx in self._micro_batches(samples, sorted(i for mb in minibatches[1:] for i in mb)):
+                    use_attention(self.model, max((len(samples[i].token_ids) for i in idx), default=1), cfg)
                     lp = sequence_logprobs(self.model, [samples[i] for i in idx] or [_NOOP], self.temperature, generated_only=True)
                     for r, i in enumerate(idx):
                         prox[i] = lp[r, : len(samples[i].token_ids)].cpu()
@@ -333,6 +334,7 @@ class PolicyTrainer:
         (the first pass over the samples: each is counted once), the lab's counts."""
         rows = [samples[i] for i in idx] or [_NOOP]
         longest = max(len(s.token_ids) for s in rows)
+        use_attention(self.model, longest, self.cfg)
         with autocast(self.device, self.compute_dtype):
             logp = sequence_logprobs(self.model, rows, self.temperature, generated_only=True)
         behav = _pad([s.behav_logprobs for s in rows], longest)
