@@ -525,10 +525,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--attention",
-        choices=["auto", "model", "sdpa"],
+        choices=["auto", "model", "eager", "sdpa"],
         default="auto",
         help="trainer.attention: auto (the default) SDPA for micro-batches of 384+ tokens, the model's eager "
-        "attention below; model: eager throughout (before 2026-11-27); sdpa throughout",
+        "attention below; model or eager: eager throughout (the default before 2026-11-27); sdpa throughout",
     )
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)

@@ -75,10 +75,8 @@ def time_rl(new_model, samples, budget: int, steps: int, attention: str | None =
     from asearch.rl.trainer import PolicyTrainer, Sample, TrainerConfig
 
     rl = [Sample(s.token_ids, s.loss_mask, [-1.0] * len(s.token_ids), [0] * len(s.token_ids), (-1.0) ** i) for i, s in enumerate(samples)]
-    model = new_model()
-    if attention is not None:
-        model.set_attn_implementation(attention)
-    trainer = PolicyTrainer(model, TrainerConfig(token_budget=budget), total_steps=steps + 1)
+    trainer_cfg = TrainerConfig(token_budget=budget, attention=attention or "auto")  # eager/sdpa: that one throughout
+    trainer = PolicyTrainer(new_model(), trainer_cfg, total_steps=steps + 1)
     trainer.train_step(rl[:per_step], policy_version=0)  # warm-up
     t0 = time.perf_counter()
     for k in range(steps):
@@ -157,6 +155,9 @@ def attention_rows(new_model, samples, args) -> list[tuple[str, int, float, floa
         (f"{args.long_tokens}-token episodes", long_rows, 2 * args.long_tokens, 8),
     ):
         steps = min(args.rl_steps, len(data) // per_step - 1)
+        if steps < 1:
+            print(f"rl   {what}: fewer than {2 * per_step} rows, skipped (lower --long-tokens)", flush=True)
+            continue
         eager = time_rl(new_model, data, budget, steps, "eager", per_step)
         sdpa = time_rl(new_model, data, budget, steps, "sdpa", per_step)
         rows.append((f"RL train_step ({per_step} {what}), eager attention (baseline)", budget, eager, 1.0))

@@ -222,3 +222,63 @@ def test_a_probe_that_cannot_save_anything_is_a_config_error(fields) -> None:
     with pytest.raises(ValueError, match=r"sampling.probe=\d"):
         ControllerConfig(group_size=8, drop_zero_variance=fields.get("drop", True),
                          sampling=SamplingConfig(probe=fields["probe"]))  # fmt: skip
+
+
+def test_a_probe_keeps_each_samples_seed_and_every_finished_episode_is_counted() -> None:
+    """The episode function is called for all n samples at the group's start, in admission order (the training
+    loop draws seeds there), with or without a probe; episodes of errored and cancelled groups count as
+    generated, and an episode that raises leaves none of its siblings running."""
+    for probe in (0, 2):
+        _check_seeds_and_counts(probe)
+
+
+def _check_seeds_and_counts(probe: int) -> None:
+    cfg = ControllerConfig(batch_size=2, group_size=4, max_staleness=0, sampling=SamplingConfig(probe=probe))
+    numbers, drawn, running = iter(range(10**6)), {}, set()
+
+    def call(sample, k):
+        drawn.setdefault(sample["id"], []).append(next(numbers))
+        return episode(sample, k)
+
+    async def episode(sample, k):
+        running.add((sample["id"], k))
+        await asyncio.sleep(0.002 * (k + 1))
+        running.discard((sample["id"], k))
+        if sample["id"] % 5 == 4 and k == 0:
+            raise RuntimeError("tool crashed")
+        return _traj(float(k % 2 == 0 or sample["id"] % 3 == 0))
+
+    async def main():
+        ctl = RolloutController(cfg, ((i, {"id": i}) for i in range(40)), call)
+        ctl.start()
+        for _ in range(4):
+            await ctl.get_batch()
+            ctl.set_version(ctl.version + 1)
+        # episodes running now belong to groups still generating, none to a finished (errored) group
+        still, inflight = set(running), {g.sample["id"] for g, _ in ctl.inflight.values()}
+        await ctl.close()
+        return ctl, still, inflight
+
+    ctl, still, inflight = asyncio.run(main())
+    assert all(seeds == list(range(seeds[0], seeds[0] + 4)) and seeds[0] % 4 == 0 for seeds in drawn.values())
+    assert ctl.rejected["error"] >= 1 and any("tool crashed" in e for e in ctl.errors)
+    assert all(i in inflight for i, _ in still), (still, inflight)
+    if probe:
+        assert ctl.rejected["probe_settled"] >= 1  # ids divisible by 3: every sample right
+    # 3 of an errored group's 4 episodes finish and count; the 4 trained groups' 16 too
+    assert ctl.episodes_generated >= 4 * 4 + 3 * ctl.rejected["error"]
+
+
+def test_unset_max_concurrent_is_what_the_staleness_rule_admits_and_a_resume_takes_the_configs() -> None:
+    assert ControllerConfig(batch_size=4, max_staleness=2).concurrency == 12
+    assert ControllerConfig(batch_size=4, max_staleness=2, max_concurrent=5).concurrency == 5
+    old = ControllerConfig(batch_size=4, max_staleness=2, max_concurrent=16)
+    ctl = RolloutController(old, iter([]), lambda s, k: None)  # type: ignore[arg-type,return-value]
+    state = json.loads(json.dumps(ctl.state_dict()))
+    del state["episodes"]  # a checkpoint written before the episode counters
+    state["ready"] = [{"seq": 0, "index": 0, "sample": {"id": 0}, "admitted_version": 0, "rewards": [0.0, 1.0],
+                       "trajectories": [_traj(0.0).to_dict(), _traj(1.0).to_dict()]}]  # fmt: skip
+    resumed = RolloutController(ControllerConfig(batch_size=4, max_staleness=2), iter([]), lambda s, k: None,  # type: ignore[arg-type,return-value]
+                                **RolloutController.restore_parts(state))  # fmt: skip
+    assert resumed.staleness.max_concurrent == 12
+    assert (resumed.episodes_generated, resumed.episodes_kept) == (2, 2)

@@ -93,7 +93,8 @@ def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractCon
 def use_attention(model: Any, longest: int, placement: TrainingPlacement) -> None:
     """Set `model`'s attention for a micro-batch whose longest row is `longest` tokens (`placement.attention`).
 
-    A model without a switchable attention (no `set_attn_implementation`, or one that refuses) keeps its own.
+    auto only replaces eager (a model loaded with another kernel keeps it). A model without a switchable
+    attention (no `set_attn_implementation`, or one that refuses or raises) keeps its own from then on.
     """
     config = getattr(model, "config", None)
     current = getattr(config, "_attn_implementation", None)
@@ -101,14 +102,25 @@ def use_attention(model: Any, longest: int, placement: TrainingPlacement) -> Non
         return
     own = model.__dict__.setdefault("_asearch_own_attention", current)
     choice = placement.attention
-    if choice == "model" or (choice == "auto" and longest < placement.attention_switch_tokens):
+    if choice == "model" or (choice == "auto" and (longest < placement.attention_switch_tokens or own != "eager")):
         choice = own
     elif choice == "auto":
         choice = "sdpa"
-    if current != choice:
+    if current == choice:
+        return
+    try:
         model.set_attn_implementation(choice)
-        if config._attn_implementation != choice:  # the architecture cannot switch: stop asking
-            model.__dict__["_asearch_fixed_attention"] = True
+    except (ValueError, ImportError):  # this architecture cannot run `choice`
+        pass
+    if config._attn_implementation != choice:  # refused: stop asking
+        model.__dict__["_asearch_fixed_attention"] = True
+
+
+def restore_attention(model: Any) -> None:
+    """Give `model` back the attention it had before `use_attention` first switched it (a no-op otherwise)."""
+    own = model.__dict__.get("_asearch_own_attention")
+    if own is not None and model.config._attn_implementation != own:
+        model.set_attn_implementation(own)
 
 
 def synchronize(device: torch.device) -> None:

@@ -16,6 +16,7 @@ a group whose first k samples all got the same reward is dropped before the rest
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
@@ -106,6 +107,7 @@ class RolloutController:
     ):
         self.cfg, self.data, self.run_episode = cfg, data, run_episode
         self.staleness = staleness or StalenessManager(cfg.batch_size, cfg.max_staleness, cfg.concurrency)
+        self.staleness.max_concurrent = cfg.concurrency  # a resumed run takes the config's, not the checkpoint's
         self.redo: list[tuple[int, Any]] = list(redo or [])  # prompts in flight at the last checkpoint
         self.ready: list[Group] = list(ready or [])
         self.inflight: dict[int, tuple[Group, asyncio.Task]] = {}
@@ -115,8 +117,9 @@ class RolloutController:
         self.masked_by_kind: Counter[str] = Counter()  # those episodes by the fault kinds they met
         # every episode that finished (probes and rejected groups' included), and those in groups kept for
         # training (un-counted if they go stale in the queue)
-        self.episodes_generated = (episodes or {}).get("generated", 0)
-        self.episodes_kept = (episodes or {}).get("kept", 0)
+        queued = sum(len(g.trajectories) for g in self.ready)  # a checkpoint from before these counters: its queue
+        self.episodes_generated = (episodes or {}).get("generated", queued)
+        self.episodes_kept = (episodes or {}).get("kept", queued)
         self.exhausted = False
         self.data_position = data_position  # one past the last prompt pulled from `data`
         use_pass_rate = cfg.sampling.pass_rate and cfg.drop_zero_variance and cfg.group_size >= 2
@@ -167,14 +170,18 @@ class RolloutController:
     async def _run_group(self, group: Group) -> None:
         cause = None
         n, probe = self.cfg.group_size, self.cfg.sampling.probe
+        # every sample's call is made now, in admission order (the episode function draws its seed there), so a
+        # probe changes which samples run, not their seeds; calls never started (spared by a settled probe, or
+        # cancelled first) are closed below
+        calls = [self.run_episode(group.sample, k) for k in range(n)]
         try:
-            episodes = await self._generate(group.sample, range(probe or n))
+            episodes = await self._generate(calls[: probe or n])
             if probe:  # k samples first: equal rewards predict a settled group, so the other n - k are not spent
                 cause = self._judge(group, episodes, probe)
                 if cause == "zero_variance":
                     cause = "probe_settled"
                 elif cause != "rejected_episode":  # variance, or too few clean probes to tell
-                    episodes += await self._generate(group.sample, range(probe, n))
+                    episodes += await self._generate(calls[probe:])
                     cause = None
             if cause is None:
                 cause = self._judge(group, episodes, n)
@@ -183,7 +190,12 @@ class RolloutController:
         except Exception as e:  # an episode must not kill the run: count it, keep the message
             cause = "error"
             self.errors.append(f"{type(e).__name__}: {e}")
-        if self.sampler is not None and cause in (None, "zero_variance", "probe_settled"):
+        finally:
+            for call in calls:
+                if inspect.iscoroutine(call) and inspect.getcoroutinestate(call) == inspect.CORO_CREATED:
+                    call.close()
+        # a settled probe is not a settled group (2 samples agree far more often than 8): the history skips it
+        if self.sampler is not None and cause in (None, "zero_variance"):
             self.sampler.record(group.sample, group.rewards, [float(t.score or 0.0) for t in group.trajectories])
         self.inflight.pop(group.seq, None)
         self.staleness.finish(accepted=cause is None)
@@ -197,10 +209,14 @@ class RolloutController:
             self._mark_idle()
         self._wake.set()
 
-    async def _generate(self, sample: Any, ks: range) -> list[Trajectory | None]:
-        """Samples `ks` of `sample`'s group, counted (the infrastructure-faulted ones by fault kind too)."""
-        episodes = list(await asyncio.gather(*(self.run_episode(sample, k) for k in ks)))
-        self.episodes_generated += len(episodes)
+    async def _generate(self, calls: list[Awaitable[Trajectory | None]]) -> list[Trajectory | None]:
+        """Runs episode `calls` together, each counted as it finishes (the infrastructure-faulted ones by fault
+        kind too). One that raises raises here once the others are done, so none runs on unaccounted."""
+        results = await asyncio.gather(*(self._counted(c) for c in calls), return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        episodes: list[Trajectory | None] = list(results)  # type: ignore[arg-type]
         unscored = [t.id for t in episodes if t is not None and t.reward is None]
         if unscored:
             raise ValueError(f"the workflow returned unscored trajectories {unscored}")
@@ -208,6 +224,11 @@ class RolloutController:
         self.masked_episodes += len(masked)
         self.masked_by_kind.update(kind for t in masked for kind in t.infra_faults)
         return episodes
+
+    async def _counted(self, call: Awaitable[Trajectory | None]) -> Trajectory | None:
+        episode = await call
+        self.episodes_generated += 1
+        return episode
 
     def _judge(self, group: Group, episodes: list[Trajectory | None], n: int) -> str | None:
         """Sets the group's clean trajectories and rewards; the cause to reject it, None to keep it."""

@@ -26,6 +26,7 @@ n samples first and drops the group (cause `probe_settled`, costing k episodes i
 rewards are all equal; otherwise it generates the other n - k and judges the whole group as usual. A group
 whose k probes disagree always has variance. Like dropping zero-variance groups, this conditions which
 questions are trained on their sampled outcomes: it favours questions the policy solves about half the time.
+A settled probe is not recorded here (k samples agree far more often than n).
 """
 
 from __future__ import annotations

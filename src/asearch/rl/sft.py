@@ -9,7 +9,14 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, model_validator
 
-from asearch.models.device import TrainingPlacement, autocast, resolve_device, resolve_dtype, use_attention
+from asearch.models.device import (
+    TrainingPlacement,
+    autocast,
+    resolve_device,
+    resolve_dtype,
+    restore_attention,
+    use_attention,
+)
 from asearch.models.lora import LoraConfig, add_lora, is_lora
 from asearch.rl.optim import OptimConfig, clip_or_raise, lr_factor, make_optimizer
 from asearch.rl.trainer import Sample, micro_batches, sequence_logprobs
@@ -113,6 +120,7 @@ def sft(model: Any, samples: Sequence[Sample], cfg: SFTConfig, *, on_step: Calla
         losses.append(total)
         if on_step:
             on_step(step, total)
+    restore_attention(model)
     if is_lora(model):
         model.merge_and_unload()  # W += (alpha / r) B A in `base`'s modules, the adapters removed
     base.eval()

@@ -28,7 +28,7 @@ from asearch.metrics.offpolicy import (
     VERSIONS_BEHIND_HIST,
     VERSIONS_BEHIND_LABELS,
 )
-from asearch.models.device import TrainingPlacement, autocast, resolve_dtype, use_attention
+from asearch.models.device import TrainingPlacement, autocast, resolve_dtype, restore_attention, use_attention
 from asearch.models.lora import (
     LoraConfig,
     adapter_state_dict,
@@ -322,6 +322,7 @@ class PolicyTrainer:
         out["perf/lr"] = self.scheduler.get_last_lr()[0]
         out["perf/train_tokens"] = float(sum(len(s.token_ids) for s in samples))
         out["perf/train_samples"] = float(len(samples))
+        restore_attention(self.model)  # whoever uses the model next finds it as it was given
         self.model.eval()
         return out
 
