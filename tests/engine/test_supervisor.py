@@ -77,15 +77,23 @@ def _wait(pred, timeout: float = 15.0) -> None:
     raise AssertionError("condition not reached in time")
 
 
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def test_crash_is_restarted_and_counted(tmp_path: Path, server_script: Path) -> None:
     sup = _supervisor(tmp_path, server_script)
     with sup:
         base = sup.health_url.rsplit("/", 1)[0]
-        pid1 = int(httpx.get(sup.health_url).text.split()[0])
+        pid1, child1 = map(int, httpx.get(sup.health_url).text.split())
         assert pid1 == sup.pid and sup.restarts == 0
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"{base}/crash", timeout=5)
         _wait(lambda: sup.restarts == 1 and sup.is_running())
+        _wait(lambda: not _alive(child1))  # the crashed server's worker went with it
         sup.ensure_healthy(timeout_s=15)
         pid2 = int(httpx.get(sup.health_url).text.split()[0])
         assert pid2 != pid1 and pid2 == sup.pid

@@ -231,11 +231,7 @@ class ServerSupervisor:
             except ProcessLookupError:
                 pass
             proc.wait()
-        # Workers the child forked may outlive it in the group; make sure none keeps the port.
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _kill_group(proc)
 
     def _watch(self) -> None:
         while not self._stopping.wait(self.cfg.watch_poll_s):
@@ -244,6 +240,7 @@ class ServerSupervisor:
                 if self._stopping.is_set() or self.failed or proc is None or proc.poll() is None:
                     continue
                 code = proc.returncode
+                _kill_group(proc)  # the dead server's workers would keep its port and memory from the restart
                 if self.restarts >= self.cfg.max_restarts:
                     self.failed = f"exited with code {code}; gave up after {self.restarts} restarts"
                     log.error("%s: %s", self.name, self.failed)
@@ -275,3 +272,11 @@ class ServerSupervisor:
     def _tail_hint(self) -> str:
         tail = self.log_tail(20)
         return f"Last lines of {self.log_path}:\n{tail}" if tail else f"(log {self.log_path} is empty)"
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL what is left of `proc`'s process group: workers it forked may outlive it and keep the port."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
