@@ -39,9 +39,10 @@ class TrainingPlacement(Config):
     attention: AttentionName = Field(
         "auto",
         description="Attention of the forward and backward passes. auto: SDPA for a micro-batch whose longest row "
-        "has at least attention_switch_tokens tokens, the model's own below (plain matmul attention, the tiny "
-        "model's, is the faster one on short rows on a CPU; SDPA trains 2,500-token rows 4.5x faster: "
-        "bench/train_speed.py); model: always the model's own; eager or sdpa: always that one.",
+        "has at least attention_switch_tokens tokens when the model's own is plain matmul ('eager', the tiny "
+        "model's), the model's own otherwise (on a CPU the two train the demo's ~150-token episodes equally fast "
+        "and SDPA trains 2,500-token ones 4.2x faster: bench/train_speed.py); model: always the model's own; "
+        "eager or sdpa: always that one.",
     )
     attention_switch_tokens: int = Field(384, ge=1, description="attention=auto: the row length from which SDPA is used.")
 
