@@ -198,6 +198,11 @@ def test_eval_and_ask_replay_from_the_command_line(
     )
     assert done.exit_code == 0, done.output
     assert "Recorded tools (this invocation): 3 answers, 1 new entries" in done.output
+    # --aggregate-only calls no tool: the counters it shows are the evaluating run's, and it says so
+    agg = cli.invoke(app, ["eval", "--aggregate-only", "--out", str(tmp_path / "a")])
+    assert agg.exit_code == 0, agg.output
+    assert "Recorded tools (the last evaluation run): 3 answers" in agg.output
+    assert "(this invocation)" not in agg.output + (tmp_path / "a" / "summary.md").read_text()
     asked = cli.invoke(app, ["ask", "Who?", "--json", "--server-url", url, *engine])
     assert asked.exit_code == 0, asked.output
     shared = tmp_path / "cache" / RECORD_DIR

@@ -191,7 +191,7 @@ def eval_command(
     if aggregate:  # only eval.out / eval.datasets matter: skip importing (and validating) the agent runtime
         light = load_config(_aggregate_config_model(), config, [*(overrides or []), *flags])
         summary = aggregate_only(light.eval.out or default_out_dir(light.eval.datasets))
-        _print_summary(summary.summary, summary.out_dir)
+        _print_summary(summary.summary, summary.out_dir, counters_of="the last evaluation run")  # it called no tool
         return
 
     from asearch.agent.runtime import apply_model_style_default
@@ -297,10 +297,11 @@ def _load_records(e: Any, *, allow_empty: bool) -> list[Any]:
     return records
 
 
-def _print_summary(summary: dict[str, Any], out_dir: Path) -> None:
+def _print_summary(summary: dict[str, Any], out_dir: Path, counters_of: str = "this invocation") -> None:
     from asearch.eval.report import render_markdown
 
-    print(render_markdown(summary, title=f"Evaluation: {out_dir}"), end="")  # plain: readable at any width
+    # plain: readable at any width
+    print(render_markdown(summary, title=f"Evaluation: {out_dir}", counters_of=counters_of), end="")
     console.print(f"summary: {escape(str(out_dir / 'summary.json'))}, {escape(str(out_dir / 'summary.md'))}")
 
 

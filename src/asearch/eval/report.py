@@ -238,9 +238,10 @@ def _with_pooled(groups: Mapping[str, Any], overall: Mapping[str, Any]) -> list[
     return [*rows, ("**all**", overall)] if len(rows) > 1 else rows
 
 
-def render_markdown(summary: Mapping[str, Any], *, title: str = "Evaluation") -> str:
+def render_markdown(summary: Mapping[str, Any], *, title: str = "Evaluation", counters_of: str = "this invocation") -> str:
     """A table per summary: one row per dataset plus the pooled row, then (when a dataset merges several
-    `data_source`s) one row per source; numbers are % with 95% CIs. With a judge, its agreement with EM."""
+    `data_source`s) one row per source; numbers are % with 95% CIs. With a judge, its agreement with EM.
+    `counters_of` names whose tool counters `run_metrics` holds (an aggregation's are the last run's)."""
     k = summary["k"]
     lines = [
         f"# {title}",
@@ -264,15 +265,10 @@ def render_markdown(summary: Mapping[str, Any], *, title: str = "Evaluation") ->
     if masked:
         lines += ["", "Masked questions (a pass met an infrastructure fault: left out of the numbers above):", ""]
         lines += masked
-    web = _web_line(summary.get("run_metrics") or {})
-    if web:
-        lines += ["", web]
-    faults = _faults_line(summary.get("run_metrics") or {})
-    if faults:
-        lines += ["", faults]
-    replay = _replay_line(summary.get("run_metrics") or {})
-    if replay:
-        lines += ["", replay]
+    for line in (_web_line, _faults_line, _replay_line):
+        text = line(summary.get("run_metrics") or {})
+        if text:
+            lines += ["", text.replace("(this invocation)", f"({counters_of})")]
     return "\n".join(lines) + "\n"
 
 

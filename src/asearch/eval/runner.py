@@ -555,7 +555,8 @@ def aggregate_only(out_dir: str | Path) -> EvalSummary:
     if previous.get("run_metrics"):
         summary["run_metrics"] = previous["run_metrics"]
     atomic_write_json(out_dir / "summary.json", summary)
-    atomic_write_text(out_dir / "summary.md", render_markdown(summary, title=f"Evaluation: {out_dir}"))
+    markdown = render_markdown(summary, title=f"Evaluation: {out_dir}", counters_of="the last evaluation run")
+    atomic_write_text(out_dir / "summary.md", markdown)
     return EvalSummary(out_dir=out_dir, summary=summary, resumed=len(results))
 
 
