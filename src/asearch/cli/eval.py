@@ -191,7 +191,9 @@ def eval_command(
     if aggregate:  # only eval.out / eval.datasets matter: skip importing (and validating) the agent runtime
         light = load_config(_aggregate_config_model(), config, [*(overrides or []), *flags])
         summary = aggregate_only(light.eval.out or default_out_dir(light.eval.datasets))
-        _print_summary(summary.summary, summary.out_dir, counters_of="the last evaluation run")  # it called no tool
+        from asearch.eval.report import AGGREGATED_COUNTERS
+
+        _print_summary(summary.summary, summary.out_dir, counters_of=AGGREGATED_COUNTERS)
         return
 
     from asearch.agent.runtime import apply_model_style_default

@@ -238,6 +238,10 @@ def _with_pooled(groups: Mapping[str, Any], overall: Mapping[str, Any]) -> list[
     return [*rows, ("**all**", overall)] if len(rows) > 1 else rows
 
 
+# whose tool counters an aggregation shows: it calls no tool, so they are those the last evaluating run kept
+AGGREGATED_COUNTERS = "the last evaluation run"
+
+
 def render_markdown(summary: Mapping[str, Any], *, title: str = "Evaluation", counters_of: str = "this invocation") -> str:
     """A table per summary: one row per dataset plus the pooled row, then (when a dataset merges several
     `data_source`s) one row per source; numbers are % with 95% CIs. With a judge, its agreement with EM.
@@ -266,9 +270,9 @@ def render_markdown(summary: Mapping[str, Any], *, title: str = "Evaluation", co
         lines += ["", "Masked questions (a pass met an infrastructure fault: left out of the numbers above):", ""]
         lines += masked
     for line in (_web_line, _faults_line, _replay_line):
-        text = line(summary.get("run_metrics") or {})
+        text = line(summary.get("run_metrics") or {}, counters_of)
         if text:
-            lines += ["", text.replace("(this invocation)", f"({counters_of})")]
+            lines += ["", text]
     return "\n".join(lines) + "\n"
 
 
@@ -305,22 +309,22 @@ def _masked_line(name: str, s: Mapping[str, Any]) -> str:
     )
 
 
-def _faults_line(m: Mapping[str, float]) -> str | None:
+def _faults_line(m: Mapping[str, float], of: str) -> str | None:
     """The faults `tools.faults` injected in this invocation (`FaultInjector.metrics` names), if any."""
     if "faults/calls" not in m:
         return None
     prefix = "faults/injected/"
     kinds = ", ".join(f"{key[len(prefix):]} {int(v)}" for key, v in sorted(m.items()) if key.startswith(prefix))
-    return f"Injected tool faults (this invocation): {int(m['faults/injected'])} of {int(m['faults/calls'])} calls ({kinds})."
+    return f"Injected tool faults ({of}): {int(m['faults/injected'])} of {int(m['faults/calls'])} calls ({kinds})."
 
 
-def _replay_line(m: Mapping[str, float]) -> str | None:
+def _replay_line(m: Mapping[str, float], of: str) -> str | None:
     """The tool record of this invocation (`asearch.tools.replay.Recorder.metrics`): a replay's hits and refused
     misses, or a recording's answers and new entries; None when the tools did neither."""
     if "record/answers" in m:
         changed = int(m.get("record/changed", 0))
         return (
-            f"Recorded tools (this invocation): {int(m['record/answers'])} answers, {int(m['record/new'])} new "
+            f"Recorded tools ({of}): {int(m['record/answers'])} answers, {int(m['record/new'])} new "
             "entries in the tool record" + (f", {changed} differed from the recorded answer (a replay gives the "
             "recorded one)" if changed else "") + "."
         )
@@ -329,19 +333,19 @@ def _replay_line(m: Mapping[str, float]) -> str | None:
     misses = ", ".join(f"{t} {int(m.get(f'replay/misses/{t}', 0))}" for t in ("search", "access"))
     damaged = int(m.get("replay/damaged", 0))
     return (
-        f"Replayed tools (this invocation): {int(m['replay/hits'])} answers from the record, "
+        f"Replayed tools ({of}): {int(m['replay/hits'])} answers from the record, "
         f"{int(m['replay/misses'])} misses refused ({misses})"
         + (f", {damaged} damaged entries refused" if damaged else "") + "."
     )
 
 
-def _web_line(m: Mapping[str, float]) -> str | None:
+def _web_line(m: Mapping[str, float], of: str) -> str | None:
     """The web tools' cache and cost counters of this invocation (`WebRuntime.metrics` names), if any."""
     if "web/cache/hit_rate" not in m:
         return None
     calls = sum(int(v) for key, v in m.items() if key.startswith("web/cost/") and key.endswith("_calls"))
     return (
-        f"Web tools (this invocation): cache hit rate {100 * m['web/cache/hit_rate']:.1f}% "
+        f"Web tools ({of}): cache hit rate {100 * m['web/cache/hit_rate']:.1f}% "
         f"({int(m.get('web/cache/hits', 0))} hits, {int(m.get('web/cache/misses', 0))} misses), "
         f"{calls} calls sent, cost ${m.get('web/cost/total_usd', 0.0):.4f}"
         + (f", {int(m['web/cost/refused'])} refused by the budget" if m.get("web/cost/refused") else "")

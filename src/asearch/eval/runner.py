@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from asearch.errors import AsearchError, ConfigError, DataFormatError
 from asearch.eval.datasets import QARecord
-from asearch.eval.report import render_markdown, summarize
+from asearch.eval.report import AGGREGATED_COUNTERS, render_markdown, summarize
 from asearch.files import append_jsonl, atomic_write_json, atomic_write_text, iter_jsonl, repair_jsonl_tail
 from asearch.metrics.qa import qa_scores
 
@@ -555,7 +555,7 @@ def aggregate_only(out_dir: str | Path) -> EvalSummary:
     if previous.get("run_metrics"):
         summary["run_metrics"] = previous["run_metrics"]
     atomic_write_json(out_dir / "summary.json", summary)
-    markdown = render_markdown(summary, title=f"Evaluation: {out_dir}", counters_of="the last evaluation run")
+    markdown = render_markdown(summary, title=f"Evaluation: {out_dir}", counters_of=AGGREGATED_COUNTERS)
     atomic_write_text(out_dir / "summary.md", markdown)
     return EvalSummary(out_dir=out_dir, summary=summary, resumed=len(results))
 
