@@ -178,7 +178,8 @@ class Generator:
     `server` (the default): `asearch engine serve` in its own process with one torch thread, driven over
     HTTP by `SGLangEngine`, the way a trainer drives an SGLang or vLLM server; each update saves the
     policy (safetensors) and the server loads it (`/update_weights_from_disk`, which aborts running
-    requests; the client resends them with their tokens so far). `inprocess`: `InProcessEngine` in the
+    requests and the client resends them with their tokens so far; with `--update-kv keep` they are frozen in
+    place and go on with their KV cache). `inprocess`: `InProcessEngine` in the
     bench process, updated from the live state dict (trainer and engine then share one process).
     """
 
@@ -198,14 +199,14 @@ class Generator:
             from asearch.engine.inprocess import InProcessEngine, InProcessEngineConfig
 
             cfg = InProcessEngineConfig(
-                threads=1, max_batch=rows, max_seq_len=args.max_positions, seed=args.seed
+                threads=1, max_batch=rows, max_seq_len=args.max_positions, seed=args.seed, update_kv=args.update_kv
             )
             return cls(InProcessEngine(policy, tok, cfg=cfg))
         from asearch.engine.registry import EngineConfig, make_engine
 
         url, init_dir, weights_dir = server
         http = {"timeout_s": 600, "retries": 2, "max_concurrency": rows + 8}
-        engine = make_engine(EngineConfig(kind="sglang", base_url=url, http=http))
+        engine = make_engine(EngineConfig(kind="sglang", base_url=url, http=http, update_kv=args.update_kv))
         gen = cls(engine, url=url, weights_dir=weights_dir)
         # every setting starts from the same weights, labelled version 0, with empty caches
         await gen.admin.post_json(
@@ -530,6 +531,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="trainer.attention: auto (the default) SDPA for micro-batches of 384+ tokens, the model's eager "
         "attention below; model or eager: eager throughout (the default before 2026-11-27); sdpa throughout",
     )
+    p.add_argument(
+        "--update-kv",
+        choices=["recompute", "keep"],
+        default="recompute",
+        help="the engine's update_kv: recompute (abort, resend, prefill again after every weight push) or keep "
+        "(in-flight update: requests go on with their KV cache)",
+    )
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument(
@@ -642,7 +650,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{load0[0]:.2f} before, {load1[0]:.2f} after (other processes on a shared box slow every row). "
         f"S={S}, B={B}, n={n}, max_concurrent={C} groups, {args.new_tokens} tokens/turn, turns "
         f"{args.min_turns}..{args.max_turns} (Pareto alpha={args.alpha}), Qwen2 d={args.hidden} x "
-        f"{args.layers} layers, {args.attention} attention in the trainer, prox={args.prox}, batch_order={args.batch_order}, engine={args.engine}, "
+        f"{args.layers} layers, {args.attention} attention in the trainer, prox={args.prox}, batch_order={args.batch_order}, engine={args.engine}, update_kv={args.update_kv}, "
         f"environment latency {args.env_latency_ms:g} ms/turn"
         + ("." if args.env_latency_p99_ms is None else f" median, log-normal, p99 {args.env_latency_p99_ms:g} ms.")
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import inspect
 import time
 
 import pytest
@@ -539,6 +540,76 @@ def test_update_weights_mid_generation_recomputes_cache(model, model_b, tokenize
         assert resp.output_len == 300
         check_two_version_response(p, resp, model, model_b)
     assert stats["weight_updates"] == 1 and stats["recomputed_tokens"] > 0
+
+
+def kept_kv_logprobs(model_a, model_b, seq: list[int], cached: int) -> torch.Tensor:
+    """log_softmax of model_b over seq[cached:] attending to the K/V model_a computed for seq[:cached]."""
+    with torch.inference_mode():
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=model_a.config)
+        # transformers 5.x renames past_key_values to cache
+        name = "cache" if "cache" in inspect.signature(model_b.forward).parameters else "past_key_values"
+        model_a(torch.tensor([seq[:cached]]), use_cache=True, **{name: cache})
+        logits = model_b(torch.tensor([seq[cached:]]), use_cache=True, **{name: cache}).logits
+        return torch.log_softmax(logits[0].float(), dim=-1)
+
+
+def test_update_weights_keep_kv_goes_on_with_the_old_cache(model, model_b, tokenizer):
+    """update_kv keep (PipelineRL's in-flight update): nothing is recomputed; every token after the update is
+    sampled by model_b attending to the K/V model_a computed, and the prefix cache survives the update."""
+    ps = prompts(tokenizer, 3)
+
+    async def main():
+        engine = make_engine(model, tokenizer, update_kv="keep")
+        try:
+            turn1 = await engine.generate(
+                GenerateRequest(ps[2], sampling=SamplingParams(max_new_tokens=6, seed=9), trajectory_id="t")
+            )
+            await engine.pause()
+            tasks = [
+                asyncio.create_task(
+                    engine.generate(GenerateRequest(p, sampling=SamplingParams(max_new_tokens=40, seed=i)))
+                )
+                for i, p in enumerate(ps[:2])
+            ]
+            await engine.resume()
+            while engine.stats()["tokens_generated"] < 6 + 2 * 5:
+                await asyncio.sleep(0.0005)
+            await engine.pause()  # both rows stand still: each has its last token not yet in the cache
+            before = engine.stats()["tokens_generated"]
+            await engine.update_weights(model_b.state_dict(), 1)
+            await engine.resume()
+            responses = await asyncio.gather(*tasks)
+            turn2 = await engine.generate(
+                GenerateRequest(
+                    ps[2] + turn1.output_ids + ps[0],
+                    sampling=SamplingParams(max_new_tokens=3, seed=10),
+                    trajectory_id="t",
+                )
+            )
+            return responses, before, turn2, engine.stats()
+        finally:
+            await engine.close()
+
+    responses, before, turn2, stats = run(main())
+    assert stats["recomputed_tokens"] == 0 and stats["weight_updates"] == 1
+    assert turn2.output_versions == [1] * 3 and turn2.usage["cached_prompt_tokens"] > 0  # the prefix stayed
+    assert before == 6 + sum(r.output_versions.count(0) for r in responses)
+    for p, resp in zip(ps[:2], responses, strict=True):
+        k = resp.output_versions.count(0)  # tokens sampled by model_a
+        assert k >= 5 and resp.output_versions == [0] * k + [1] * (40 - k)
+        seq = p + resp.output_ids
+        lp_a = full_logprobs(model, seq)
+        lp_kept = kept_kv_logprobs(model, model_b, seq, len(p) + k - 1)
+        lp_b = full_logprobs(model_b, seq)
+        for j, tok in enumerate(resp.output_ids):
+            if j < k:
+                assert resp.output_logprobs[j] == pytest.approx(lp_a[len(p) - 1 + j, tok].item(), abs=2e-5), j
+            else:
+                assert resp.output_logprobs[j] == pytest.approx(lp_kept[j - k, tok].item(), abs=2e-5), j
+        fresh = [lp_b[len(p) - 1 + j, tok].item() for j, tok in enumerate(resp.output_ids) if j >= k]
+        assert max(abs(a - b) for a, b in zip(resp.output_logprobs[k:], fresh, strict=True)) > 1e-3
 
 
 def test_update_weights_from_directory(model, model_b, tokenizer, tmp_path):

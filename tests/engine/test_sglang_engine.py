@@ -188,6 +188,38 @@ def test_update_mid_request_aborts_resends_and_switches_logprobs(sglang_models, 
     assert eng.version == 1 and eng.stats.resends == 1
 
 
+def test_keep_kv_update_goes_on_in_place_without_a_resend_or_a_second_prefill(sglang_models, ref_logprobs, close) -> None:
+    """update_kv keep: pause in place, an update that keeps the cache, continue. The request is never aborted,
+    its prompt is prefilled once, the server lists each token's version, and the next turn reuses the prefix."""
+    m0 = sglang_models["v0"][0]
+    with serving(sglang_models) as (server, url):
+
+        async def go():
+            eng = engine(url, update_kv="keep")
+            server.engine.free.clear()
+            task = asyncio.create_task(eng.generate(req(60, seed=3)))
+            server.engine.allow(5)
+            await until(lambda: tokens_generated(server) == 5, "5 tokens under v0")
+            await eng.update_weights(sglang_models["v1"][1], version=1)
+            server.engine.free.set()
+            interrupted = await task
+            stats = server.engine.stats()
+            turn2 = [*PROMPT, *interrupted.output_ids, *PROMPT]  # the next turn of the same conversation
+            after = await eng.generate(GenerateRequest(input_ids=turn2, sampling=SamplingParams(max_new_tokens=8)))
+            await eng.close()
+            return interrupted, stats, after, eng
+
+        interrupted, stats, after, eng = asyncio.run(go())
+    out, vers = interrupted.output_ids, interrupted.output_versions
+    assert interrupted.stop_reason == "length" and len(out) == 60
+    assert vers == [0] * 5 + [1] * 55 and eng.stats.resends == 0
+    assert close(interrupted.output_logprobs[:5], ref_logprobs(m0, PROMPT, out[:5]))
+    assert stats["prefill_tokens"] == len(PROMPT) and stats["recomputed_tokens"] == 0
+    assert server.log == ["pause:in_place", "update:v1", "continue"] and server.weight_version == "1"
+    assert after.output_versions == [1] * 8
+    assert server.engine.stats()["prefix_reused_tokens"] == len(PROMPT) + 59  # the update kept the prefix cache
+
+
 def test_request_arriving_during_the_pause_is_tagged_with_the_weights_that_ran_it(
     sglang_models, ref_logprobs, close
 ) -> None:

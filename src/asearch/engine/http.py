@@ -242,6 +242,7 @@ class Chunk:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     server_version: int | None = None  # the weights version the server says made these tokens
+    token_versions: list[int | None] | None = None  # per token when the server lists them (an update in place)
 
 
 @dataclass(slots=True)
@@ -359,7 +360,10 @@ class ResumableRemoteEngine:
             tag = chunk.server_version if chunk.server_version is not None else version
             out_ids += chunk.ids
             out_lps += chunk.logprobs
-            out_vers += [tag] * len(chunk.ids)
+            if chunk.token_versions is not None:  # an update in place landed inside this chunk
+                out_vers += [version if v is None else v for v in chunk.token_versions]
+            else:
+                out_vers += [tag] * len(chunk.ids)
             texts.append(chunk.text)
             usage["prompt_tokens"] += chunk.prompt_tokens
             usage["completion_tokens"] += chunk.completion_tokens

@@ -1,8 +1,9 @@
 """The in-process engine: continuous batching over a slot KV cache in a dedicated decode thread.
 
 Every decode step batches all active requests; new requests are prefilled between steps and join the
-batch, finished ones leave it. `update_weights` swaps weights between two steps and recomputes the KV
-cache of every in-flight request under the new weights, so one response may carry two versions.
+batch, finished ones leave it. `update_weights` swaps weights between two steps and, by default, recomputes
+the KV cache of every in-flight request under the new weights (`update_kv: keep` keeps it, as PipelineRL's
+in-flight updates do), so one response may carry two versions.
 The asyncio side only enqueues commands and awaits futures: the event loop never runs torch.
 """
 
@@ -26,7 +27,14 @@ from pydantic import Field
 
 from asearch.config import Config
 from asearch.engine.registry import register_engine
-from asearch.engine.types import GenerateRequest, GenerateResponse, StopReason, WeightSource
+from asearch.engine.types import (
+    UPDATE_KV_HELP,
+    GenerateRequest,
+    GenerateResponse,
+    StopReason,
+    UpdateKV,
+    WeightSource,
+)
 from asearch.models.device import DEVICE_HELP, DTYPE_HELP, DTypeName
 
 # torch and the decoder are imported where they are used: listing the engine kinds imports this module
@@ -71,8 +79,9 @@ class InProcessEngineConfig(Config):
         256.0,
         ge=0,
         description="KV of finished requests kept per trajectory_id so the next turn prefills only its new "
-        "tokens; LRU, dropped on weight update; 0 disables",
+        "tokens; LRU, dropped on weight update unless update_kv is keep; 0 disables",
     )
+    update_kv: UpdateKV = Field("recompute", description=UPDATE_KV_HELP)
     seed: int = Field(
         0, description="seeds the per-request random streams of requests without their own seed"
     )
@@ -109,7 +118,6 @@ class _Parked:
     """K/V of a finished request, kept so the next turn of the same trajectory skips its prefill."""
 
     tokens: list[int]
-    version: int
     kv: list[torch.Tensor]  # per layer (2, kv_heads, n, head_dim)
     nbytes: int
 
@@ -238,14 +246,16 @@ class InProcessEngine:
     async def resume(self) -> None:
         await self._call("resume")
 
-    async def update_weights(self, source: WeightSource, version: int) -> None:
+    async def update_weights(self, source: WeightSource, version: int, *, kv: UpdateKV | None = None) -> None:
         """Load new weights between two decode steps; in-flight requests continue under them.
 
         `source` is a state dict (its tensors are copied before this returns, so the trainer may change
-        them right after) or an HF safetensors directory. Every in-flight request's KV cache is recomputed
-        (prompt + tokens so far) under the new weights before its next token, which carries `version`.
+        them right after) or an HF safetensors directory. `kv` (default `cfg.update_kv`): "recompute"
+        recomputes every in-flight request's KV cache (prompt + tokens so far) under the new weights before
+        its next token and drops the prefix cache; "keep" keeps both, so the next tokens attend to keys and
+        values the old weights computed. Either way every token sampled after this carries `version`.
         """
-        await self._call("update", source, version)
+        await self._call("update", source, version, kv or self.cfg.update_kv)
 
     async def abort_all(self) -> int:
         """End every queued and running request now with stop_reason "abort" and the tokens it has.
@@ -465,7 +475,7 @@ class InProcessEngine:
     def _do_resume(self) -> None:
         self._paused = False
 
-    def _do_update(self, source: WeightSource, version: int) -> None:
+    def _do_update(self, source: WeightSource, version: int, kv: UpdateKV) -> None:
         from asearch.engine.decoder import DecoderWeights, load_safetensors_dir
 
         t = time.perf_counter()
@@ -478,17 +488,18 @@ class InProcessEngine:
             sd = load_safetensors_dir(path)
         self._weights = DecoderWeights.from_state_dict(self.spec, sd, self._dtype, self.device)  # validates first
         self._version = version
-        for row in self._rows:  # K/V computed by the old weights is invalid: recompute on next step
-            self._stats.recomputed_tokens += row.cached
-            row.cached = 0
-        self._parked.clear()
-        self._parked_bytes = 0
+        if kv == "recompute":  # K/V computed by the old weights: recompute on the next step
+            for row in self._rows:
+                self._stats.recomputed_tokens += row.cached
+                row.cached = 0
+            self._do_flush()
         self._stats.weight_updates += 1
         log.info(
-            "weights updated to version %d in %.2f s; %d in-flight requests recompute",
+            "weights updated to version %d in %.2f s; %d in-flight requests %s their KV cache",
             version,
             time.perf_counter() - t,
             len(self._rows),
+            "recompute" if kv == "recompute" else "keep",
         )
 
     def _do_abort_all(self) -> int:
@@ -643,7 +654,7 @@ class InProcessEngine:
         nbytes = sum(t.numel() * t.element_size() for t in kv)
         if tid in self._parked:
             self._parked_bytes -= self._parked.pop(tid).nbytes
-        self._parked[tid] = _Parked(row.tokens[:n], self._version, kv, nbytes)
+        self._parked[tid] = _Parked(row.tokens[:n], kv, nbytes)
         self._parked_bytes += nbytes
         limit = self.cfg.prefix_cache_mb * 2**20
         while self._parked and self._parked_bytes > limit:
@@ -655,9 +666,7 @@ class InProcessEngine:
         parked = self._parked.pop(tid, None) if tid else None
         if parked is None:
             return
-        self._parked_bytes -= parked.nbytes
-        if parked.version != self._version:
-            return
+        self._parked_bytes -= parked.nbytes  # a recomputing update flushed every older entry
         n = _common_prefix(parked.tokens, row.tokens)
         n = min(n, len(row.tokens) - 1)  # at least one token must run to produce the next-token logits
         if n <= 0:

@@ -9,14 +9,16 @@ weights travel through disk (`/update_weights_from_disk`).
     POST /generate                  {input_ids | text, sampling_params, return_logprob, rid}
     POST /pause_generation          {mode: abort | in_place | retract}
     POST /continue_generation
-    POST /update_weights_from_disk  {model_path, weight_version?, abort_all_requests?}
+    POST /update_weights_from_disk  {model_path, weight_version?, abort_all_requests?, flush_cache?}
     POST /flush_cache  GET /health  GET /get_model_info  GET /get_server_info
     POST /v1/chat/completions  POST /v1/completions  GET /v1/models   (OpenAI's API, see openai_api)
 
-Versions stay exact: no response ever spans two weight versions. An update first empties the engine
-(running requests are aborted and return the tokens they have, or finish, see `update_weights_from_disk`)
-and holds new requests until the new weights are loaded, so every token of a response was sampled under
-the `meta_info.weight_version` it reports. The client resends aborted requests with their tokens so far.
+Versions stay exact. An update either empties the engine first (running requests are aborted and return
+the tokens they have, or finish; the client resends aborted requests with their tokens so far) or, while
+paused in place, swaps the weights under the frozen requests (with `flush_cache: false` they keep the KV
+the old weights computed and the prefix cache stays: PipelineRL's in-flight update). New requests wait
+until the new weights are loaded. `meta_info.weight_version` names the weights of a response's last
+token, and a response whose tokens span versions also lists each token's (`output_token_weight_versions`).
 Both protocols go through `EngineServer.run`: the same gate, prefix index and engine batch.
 """
 
@@ -142,6 +144,7 @@ class EngineServer:
         self.prefix = PrefixIndex()
         self.started = time.time()
         self.counts = {"requests": 0, "aborted_by_pause": 0, "aborted_by_update": 0, "weight_updates": 0}
+        self._labels = {engine.version: weight_version}  # engine version -> the weight_version it was given
         self._gate = asyncio.Event()  # set: new requests may enter the engine
         self._gate.set()
         self._inflight = 0  # requests inside the engine
@@ -228,9 +231,15 @@ class EngineServer:
                 self._idle.set()
         if resp.stop_reason != "abort" and resp.output_ids:
             self.prefix.store(key, [*ids, *resp.output_ids][:-1])
-        if len(set(resp.output_versions)) > 1:  # cannot happen: updates empty the engine first
-            log.error("request %s spans weight versions %s", rid, sorted(set(resp.output_versions)))
+        if resp.output_versions:  # an update in place may have landed mid-request
+            label = self._labels.get(resp.output_versions[-1], label)
         return resp, label
+
+    def token_labels(self, resp: GenerateResponse) -> list[str] | None:
+        """Each token's weight_version label when the response spans updates (an in-place update), else None."""
+        if len(set(resp.output_versions)) <= 1:
+            return None
+        return [self._labels.get(v, self.weight_version) for v in resp.output_versions]
 
     def _sampling(self, sp: Mapping[str, Any]) -> tuple[SamplingParams, bool]:
         try:
@@ -297,6 +306,8 @@ class EngineServer:
             "weight_version": label,
             "e2e_latency": latency,
         }
+        if (labels := self.token_labels(resp)) is not None:
+            meta["output_token_weight_versions"] = labels
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = [
                 [lp, t, None] for lp, t in zip(resp.output_logprobs, resp.output_ids, strict=True)
@@ -331,26 +342,32 @@ class EngineServer:
 
     async def update_weights(self, body: Mapping[str, Any]) -> tuple[bool, str]:
         """Load a safetensors directory. Requests running when it arrives are aborted when
-        `abort_all_requests` is set or the server is paused (they could not finish); otherwise the update
-        waits until they finish. New requests wait until it is done. Either way no response mixes versions."""
+        `abort_all_requests` is set; while paused in place (or retract) they stay frozen and go on under the
+        new weights (keeping their KV cache and the prefix cache with `flush_cache: false`, recomputing it
+        otherwise); else the update waits until they finish. New requests wait until it is done."""
         path = body.get("model_path")
         if not path:
             raise BadRequest("update_weights_from_disk needs model_path")
+        keep = body.get("flush_cache", True) is False  # SGLang's default flushes
         async with self._update_lock:
             self.updating = True
             self._gate.clear()
             try:
-                if body.get("abort_all_requests") or self.paused:
+                if body.get("abort_all_requests"):
                     self.counts["aborted_by_update"] += await self.engine.abort_all()
-                await self._idle.wait()
+                if self.paused in (None, "abort"):  # frozen requests cannot finish: do not wait for them
+                    await self._idle.wait()
+                version = self.engine.version + 1
                 try:
-                    await self.engine.update_weights(str(path), self.engine.version + 1)
+                    await self.engine.update_weights(str(path), version, kv="keep" if keep else "recompute")
                 except Exception as e:  # noqa: BLE001 - reported to the client, as SGLang does
                     log.warning("update_weights_from_disk %s failed: %s", path, e)
                     return False, f"Failed to update weights: {type(e).__name__}: {e}"
-                self.prefix.clear()  # the engine dropped its prefix cache with the old weights
+                if not keep:
+                    self.prefix.clear()  # the engine dropped its prefix cache with the old weights
                 if body.get("weight_version") is not None:
                     self.weight_version = str(body["weight_version"])
+                self._labels[version] = self.weight_version
                 self.model_path = str(path)
                 self.counts["weight_updates"] += 1
                 log.info("loaded weights %s as weight_version %s", path, self.weight_version)

@@ -2,8 +2,11 @@
 
 Weight updates: `/pause_generation` (mode abort: in-flight requests return with what they have, new ones
 wait), `/update_weights_from_disk` with a `weight_version` label, `/continue_generation`. Aborted requests
-are resent with their tokens so far. SGLang reports the label of the weights that made each response
-(`meta_info.weight_version`), which the engine uses as the tokens' version when it is an integer.
+are resent with their tokens so far. With `update_kv: keep` the pause is in place and the update keeps the
+cache (`flush_cache: false`): running requests go on under the new weights with the KV the old ones
+computed, nothing is resent or prefilled again (PipelineRL's in-flight update). SGLang reports the label of
+the weights that made each response (`meta_info.weight_version`), which the engine uses as the tokens'
+version when it is an integer (per token when the server lists them, as `asearch engine serve` does).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from asearch.engine.http import (
 )
 from asearch.engine.registry import EngineConfig, register_engine
 from asearch.engine.supervisor import ServerSupervisor, SupervisorConfig
-from asearch.engine.types import GenerateRequest, WeightSource
+from asearch.engine.types import UPDATE_KV_HELP, GenerateRequest, UpdateKV, WeightSource
 from asearch.errors import RemoteError
 
 log = logging.getLogger(__name__)
@@ -48,6 +51,7 @@ class SGLangEngineConfig(Config):
         description="Mode of /pause_generation for Engine.pause(): 'in_place' freezes running requests with "
         "their KV cache; 'retract' moves them back to the queue (KV recomputed on resume).",
     )
+    update_kv: UpdateKV = Field("recompute", description=UPDATE_KV_HELP)
     trust_server_version: bool = Field(
         True,
         description="Tag tokens with the server's meta_info.weight_version when it is an integer (it names "
@@ -85,26 +89,28 @@ class SGLangEngine(ResumableRemoteEngine):
         self._open_gate()
 
     async def update_weights(self, source: WeightSource, version: int) -> None:
-        """pause_generation(abort) -> update_weights_from_disk(weight_version=version) -> continue_generation.
+        """pause_generation(abort) -> update_weights_from_disk(weight_version=version) -> continue_generation;
+        with `update_kv: keep`, pause_generation(in_place) and an update that keeps the cache.
 
         SGLang's abort-mode pause returns only once nothing runs, and requests that arrive while paused
         wait at the server until it continues, so they run (and are labelled) under the new weights.
         """
         path = check_weights_dir(source)
+        keep = self.cfg.update_kv == "keep"
         async with self._update_lock:
             start = time.monotonic()
             self._updating = True
             self._admit.clear()
             try:
                 for s in self._servers:
-                    await s.post_json("/pause_generation", {"mode": "abort"})
+                    await s.post_json("/pause_generation", {"mode": "in_place" if keep else "abort"})
                 try:
                     for s in self._servers:
                         body = {
                             "model_path": str(path),
                             "weight_version": str(version),
-                            "flush_cache": True,  # the radix cache holds KV computed by the old weights
-                            "abort_all_requests": True,
+                            "flush_cache": not keep,  # the radix cache holds KV computed by the old weights
+                            "abort_all_requests": not keep,
                         }
                         # No retry: a half-applied update must be looked at, not repeated blindly.
                         resp = await s.post_json("/update_weights_from_disk", body, retries=0)
@@ -161,7 +167,7 @@ class SGLangEngine(ResumableRemoteEngine):
         data = await server.post_json("/generate", body)
         chunk = _parse_generate(data, server.base_url)
         if not self.cfg.trust_server_version:
-            chunk.server_version = None
+            chunk.server_version = chunk.token_versions = None
         return chunk
 
 
@@ -184,8 +190,9 @@ def _parse_generate(data: Any, url: str) -> Chunk:
         raise RemoteError(f"SGLang server {url}: missing log-probs; was return_logprob honoured?")
     if kind not in ("stop", "length", "abort"):
         raise RemoteError(f"SGLang server {url}: unexpected finish_reason {reason!r}")
-    label = meta.get("weight_version")
-    server_version = int(label) if isinstance(label, int | str) and str(label).lstrip("-").isdigit() else None
+    server_version = _int_label(meta.get("weight_version"))
+    labels = meta.get("output_token_weight_versions")
+    token_versions = [_int_label(x) for x in labels] if isinstance(labels, list) and len(labels) == len(ids) else []
     return Chunk(
         ids=ids,
         logprobs=[float(x) for x in lps],
@@ -194,7 +201,13 @@ def _parse_generate(data: Any, url: str) -> Chunk:
         prompt_tokens=int(meta.get("prompt_tokens") or 0),
         completion_tokens=int(meta.get("completion_tokens") or len(ids)),
         server_version=server_version,
+        token_versions=token_versions or None,
     )
+
+
+def _int_label(label: Any) -> int | None:
+    """A weight_version label as a policy version when it is an integer."""
+    return int(label) if isinstance(label, int | str) and str(label).lstrip("-").isdigit() else None
 
 
 def serve_rollout_server(
