@@ -186,3 +186,7 @@ def test_rollout_pool_members_are_built_through_the_registry(monkeypatch) -> Non
     assert make_engine(built[-1]).base_urls == urls[:1]
     with pytest.raises(ValueError, match="RL samples from one of sglang, vllm"):
         RolloutServersConfig(kind="openai")  # a chat server has no token log-probs or weight updates
+    pool = open_pool(RolloutServersConfig(kind="sglang", update_kv="keep"), urls[:1])
+    assert pool.members[0].engine.cfg.update_kv == "keep" and pool.members[0].engine.updates_in_place
+    with pytest.raises(ValueError, match="kind 'vllm' always recompute"):
+        RolloutServersConfig(kind="vllm", update_kv="keep")

@@ -588,6 +588,8 @@ def test_update_weights_keep_kv_goes_on_with_the_old_cache(model, model_b, token
                     trajectory_id="t",
                 )
             )
+            with pytest.raises(ValueError, match="kv must be"):
+                await engine.update_weights(model_b.state_dict(), 2, kv="Recompute")
             return responses, before, turn2, engine.stats()
         finally:
             await engine.close()

@@ -220,6 +220,67 @@ def test_keep_kv_update_goes_on_in_place_without_a_resend_or_a_second_prefill(sg
     assert server.engine.stats()["prefix_reused_tokens"] == len(PROMPT) + 59  # the update kept the prefix cache
 
 
+def test_an_update_under_an_in_place_pause_recomputes_unless_told_to_keep(sglang_models, ref_logprobs, close) -> None:
+    """Paused in place, an update that flushes the cache (SGLang's default) neither aborts the frozen request
+    nor waits for it: the request goes on under the new weights with its KV recomputed, so every later log-prob
+    is the new model's over the whole sequence."""
+    m0, m1 = sglang_models["v0"][0], sglang_models["v1"][0]
+    with serving(sglang_models) as (server, url):
+
+        async def go():
+            import httpx
+
+            eng = engine(url)
+            server.engine.free.clear()
+            task = asyncio.create_task(eng.generate(req(30, seed=8)))
+            server.engine.allow(4)
+            await until(lambda: tokens_generated(server) == 4, "4 tokens under v0")
+            async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+                await c.post("/pause_generation", json={"mode": "in_place"})
+                body = {"model_path": str(sglang_models["v1"][1]), "weight_version": "1", "abort_all_requests": False}
+                answer = (await c.post("/update_weights_from_disk", json=body)).json()
+                await c.post("/continue_generation", json={})
+            server.engine.free.set()
+            return answer, await task, eng
+
+        answer, resp, eng = asyncio.run(go())
+    out = resp.output_ids
+    assert answer["success"] and resp.stop_reason == "length" and len(out) == 30 and eng.stats.resends == 0
+    assert resp.output_versions == [0] * 4 + [1] * 26  # the server listed each token's label
+    assert close(resp.output_logprobs[:4], ref_logprobs(m0, PROMPT, out[:4]))
+    assert close(resp.output_logprobs[4:], ref_logprobs(m1, PROMPT, out)[4:])
+    assert server.counts["aborted_by_update"] == 0 and server.engine.stats()["recomputed_tokens"] > 0
+
+
+def test_an_update_waiting_for_running_requests_goes_ahead_once_they_are_frozen(sglang_models) -> None:
+    """Unpaused, an update waits for running requests to finish; a pause in place that arrives meanwhile means
+    they cannot finish, so the update must go ahead under them instead of waiting forever."""
+    with serving(sglang_models) as (server, url):
+
+        async def go():
+            import httpx
+
+            eng = engine(url)
+            server.engine.free.clear()  # the request cannot finish until the test lets it
+            task = asyncio.create_task(eng.generate(req(20, seed=9)))
+            server.engine.allow(2)
+            await until(lambda: tokens_generated(server) == 2, "2 tokens under v0")
+            async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+                body = {"model_path": str(sglang_models["v1"][1]), "weight_version": "1", "flush_cache": False}
+                update = asyncio.create_task(c.post("/update_weights_from_disk", json=body))
+                await asyncio.sleep(0.05)  # room to go wrong; passing never depends on it
+                waited = not update.done()
+                await c.post("/pause_generation", json={"mode": "in_place"})
+                answer = (await asyncio.wait_for(update, 60)).json()
+                await c.post("/continue_generation", json={})
+            server.engine.free.set()
+            return waited, answer, await task
+
+        waited, answer, resp = asyncio.run(go())
+    assert waited and answer["success"] and len(resp.output_ids) == 20
+    assert resp.output_versions == [0] * 2 + [1] * 18
+
+
 def test_request_arriving_during_the_pause_is_tagged_with_the_weights_that_ran_it(
     sglang_models, ref_logprobs, close
 ) -> None:

@@ -252,6 +252,7 @@ class RemoteEngineStats:
     requests: int = 0  # generate() calls
     chunks: int = 0  # server calls (a resend is one more chunk)
     resends: int = 0  # chunks sent again after an abort
+    unsplit_spans: int = 0  # chunks an in-place update landed in, the server not saying where: send-time version
     weight_updates: int = 0
     last_update_s: float = 0.0
 
@@ -266,8 +267,12 @@ class ResumableRemoteEngine:
 
     Each token is tagged with the version read when its chunk was *sent* (or the version the server
     reports having used), never one read after the round trip: that was AReaL's race. Subclasses make
-    the weights change only while no chunk sent under the old version is still running.
+    the weights change only while no chunk sent under the old version is still running, unless they
+    update in place (`updates_in_place`): then a chunk an update landed in takes each token's version from
+    the server when it lists them, else the send-time version for all (older is the safe side of the bound).
     """
+
+    updates_in_place = False
 
     what = "server"
 
@@ -362,6 +367,9 @@ class ResumableRemoteEngine:
             out_lps += chunk.logprobs
             if chunk.token_versions is not None:  # an update in place landed inside this chunk
                 out_vers += [version if v is None else v for v in chunk.token_versions]
+            elif self.updates_in_place and self._version != version:
+                self.stats.unsplit_spans += 1
+                out_vers += [version] * len(chunk.ids)
             else:
                 out_vers += [tag] * len(chunk.ids)
             texts.append(chunk.text)

@@ -255,13 +255,16 @@ class InProcessEngine:
         its next token and drops the prefix cache; "keep" keeps both, so the next tokens attend to keys and
         values the old weights computed. Either way every token sampled after this carries `version`.
         """
-        await self._call("update", source, version, kv or self.cfg.update_kv)
+        kv = kv or self.cfg.update_kv
+        if kv not in ("recompute", "keep"):
+            raise ValueError(f"update_weights: kv must be 'recompute' or 'keep', not {kv!r}")
+        await self._call("update", source, version, kv)
 
     async def abort_all(self) -> int:
         """End every queued and running request now with stop_reason "abort" and the tokens it has.
 
         Their awaiting callers get a response (not `CancelledError`); the number ended is returned. A
-        server uses this to empty the engine before a weight update, so no response spans two versions.
+        server uses this to empty the engine before a weight update that its client resends across.
         """
         return await self._call("abort_all")
 

@@ -27,12 +27,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from asearch.config import Config
 from asearch.engine.http import RETRY_STATUS, HttpConfig, RemoteHTTPError
-from asearch.engine.registry import EngineConfig, engine_kinds, make_engine
-from asearch.engine.types import Engine, GenerateRequest, GenerateResponse, WeightSource
+from asearch.engine.registry import EngineConfig, engine_kind, engine_kinds, make_engine
+from asearch.engine.types import (
+    UPDATE_KV_HELP,
+    Engine,
+    GenerateRequest,
+    GenerateResponse,
+    UpdateKV,
+    WeightSource,
+)
 from asearch.engine.vllm import VLLMServerConfig
 from asearch.errors import RemoteError
 
@@ -83,6 +90,9 @@ class RolloutServersConfig(Config):
     revive_timeout_s: float = Field(
         600.0, gt=0, description="How long a request waits when no server is up before the run fails."
     )
+    update_kv: UpdateKV = Field(
+        "recompute", description=f"{UPDATE_KV_HELP}. keep needs a kind that offers it (sglang; vllm always recomputes)"
+    )
 
     @field_validator("kind")
     @classmethod
@@ -91,6 +101,17 @@ class RolloutServersConfig(Config):
         if kind not in kinds:
             raise ValueError(f"rollout servers of kind {kind!r}: RL samples from one of {', '.join(kinds)}")
         return kind
+
+    @model_validator(mode="after")
+    def _kind_keeps_kv(self) -> RolloutServersConfig:
+        if self.update_kv == "keep" and "update_kv" not in engine_kind(self.kind).options.model_fields:
+            raise ValueError(f"update_kv=keep: rollout servers of kind {self.kind!r} always recompute; use sglang")
+        return self
+
+    def client_options(self) -> dict[str, Any]:
+        """Options of each server's client engine beyond its URL."""
+        keep = {"update_kv": self.update_kv} if "update_kv" in engine_kind(self.kind).options.model_fields else {}
+        return {"http": self.http, **keep}
 
 
 @dataclass(eq=False)
@@ -319,7 +340,7 @@ def open_pool(
     engines: list[Engine] = [
         make_engine(
             EngineConfig(
-                kind=cfg.kind, model=cfg.model_name, base_url=url, http=cfg.http, initial_version=version
+                kind=cfg.kind, model=cfg.model_name, base_url=url, initial_version=version, **cfg.client_options()
             ),
             supervisors=[sup] if sup is not None else [],
         )

@@ -150,6 +150,7 @@ class EngineServer:
         self._inflight = 0  # requests inside the engine
         self._idle = asyncio.Event()
         self._idle.set()
+        self._frozen = asyncio.Event()  # set while paused in place or retract
         self._live: set[str] = set()  # prefix-cache ids of requests inside the engine
         self._next_id = 0
         self._update_lock = asyncio.Lock()
@@ -201,8 +202,8 @@ class EngineServer:
         rid: str = "",
         on_token: Callable[[int, float], None] | None = None,
     ) -> tuple[GenerateResponse, str]:
-        """Generate through the pause/update gate: (the engine's response, the weight-version label of all
-        its tokens). Prefixes of finished requests are reused; `on_token` is passed to the engine (it must
+        """Generate through the pause/update gate: (the engine's response, the weight-version label of its
+        last token; `token_labels` gives each token's when an in-place update landed inside it). Prefixes of finished requests are reused; `on_token` is passed to the engine (it must
         stream, as `InProcessEngine` does). A prompt the engine refuses raises `BadRequest`."""
         self.counts["requests"] += 1
         while not self._gate.is_set():  # paused or updating: wait, like SGLang's is_pause_cond
@@ -328,14 +329,17 @@ class EngineServer:
         self.paused = mode
         self._gate.clear()
         if mode == "abort":
+            self._frozen.clear()
             await self.engine.resume()  # a frozen request must not outlive an abort-mode pause
             self.counts["aborted_by_pause"] += await self.engine.abort_all()
             await self._idle.wait()
         else:
             await self.engine.pause()
+            self._frozen.set()
 
     async def resume(self) -> None:
         self.paused = None
+        self._frozen.clear()
         await self.engine.resume()
         if not self.updating:
             self._gate.set()
@@ -355,8 +359,7 @@ class EngineServer:
             try:
                 if body.get("abort_all_requests"):
                     self.counts["aborted_by_update"] += await self.engine.abort_all()
-                if self.paused in (None, "abort"):  # frozen requests cannot finish: do not wait for them
-                    await self._idle.wait()
+                await self._until_idle_or_frozen()
                 version = self.engine.version + 1
                 try:
                     await self.engine.update_weights(str(path), version, kv="keep" if keep else "recompute")
@@ -376,6 +379,16 @@ class EngineServer:
                 self.updating = False
                 if not self.paused:
                     self._gate.set()
+
+    async def _until_idle_or_frozen(self) -> None:
+        """Until no request runs, or a pause in place froze them (they cannot finish: update under them)."""
+        while not self._idle.is_set() and self.paused in (None, "abort"):
+            waits = [asyncio.ensure_future(self._idle.wait()), asyncio.ensure_future(self._frozen.wait())]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
 
     async def flush_cache(self) -> None:
         await self.engine.flush_cache()

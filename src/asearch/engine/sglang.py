@@ -67,6 +67,7 @@ class SGLangEngine(ResumableRemoteEngine):
     def __init__(self, base_url: str | Sequence[str], *, cfg: SGLangEngineConfig | None = None):
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         self.cfg = cfg or SGLangEngineConfig()
+        self.updates_in_place = self.cfg.update_kv == "keep"
         super().__init__(
             urls,
             http=self.cfg.http,
@@ -102,8 +103,9 @@ class SGLangEngine(ResumableRemoteEngine):
             self._updating = True
             self._admit.clear()
             try:
-                for s in self._servers:
-                    await s.post_json("/pause_generation", {"mode": "in_place" if keep else "abort"})
+                if not (keep and self._user_paused):  # keep: requests frozen by the user's pause stay so
+                    for s in self._servers:
+                        await s.post_json("/pause_generation", {"mode": "in_place" if keep else "abort"})
                 try:
                     for s in self._servers:
                         body = {
