@@ -88,8 +88,15 @@ class RecordingServer(EngineServer):
         await super().flush_cache()
 
 
+class LikeSGLang(RecordingServer):
+    """Answers as a real SGLang server does: one weight_version label per response, no per-token list."""
+
+    def token_labels(self, resp):
+        return None
+
+
 @contextmanager
-def serving(models, name: str = "v0"):
+def serving(models, name: str = "v0", *, like_sglang: bool = False):
     from asearch.models.loading import load_model, load_tokenizer
     from asearch.retrieval.server import serve_in_thread
 
@@ -97,7 +104,7 @@ def serving(models, name: str = "v0"):
     engine = SteppedEngine(
         load_model(path), load_tokenizer(path), cfg=InProcessEngineConfig(max_seq_len=256, threads=1)
     )
-    server = RecordingServer(engine, model_path=str(path))
+    server = (LikeSGLang if like_sglang else RecordingServer)(engine, model_path=str(path))
     with serve_in_thread(create_app(server)) as url:  # the app's shutdown closes the engine
         yield server, url
 
@@ -218,6 +225,29 @@ def test_keep_kv_update_goes_on_in_place_without_a_resend_or_a_second_prefill(sg
     assert server.log == ["pause:in_place", "update:v1", "continue"] and server.weight_version == "1"
     assert after.output_versions == [1] * 8
     assert server.engine.stats()["prefix_reused_tokens"] == len(PROMPT) + 59  # the update kept the prefix cache
+
+
+def test_keep_kv_against_a_server_that_labels_whole_responses_tags_the_send_time_version(sglang_models) -> None:
+    """A real SGLang server names one version per response (the newest); the tokens before the in-place update
+    were sampled by the old weights, so the client tags the whole response with its send-time version."""
+    with serving(sglang_models, like_sglang=True) as (server, url):
+
+        async def go():
+            eng = engine(url, update_kv="keep")
+            server.engine.free.clear()
+            task = asyncio.create_task(eng.generate(req(20, seed=3)))
+            server.engine.allow(5)
+            await until(lambda: tokens_generated(server) == 5, "5 tokens under v0")
+            await eng.update_weights(sglang_models["v1"][1], version=1)
+            server.engine.free.set()
+            first = await task
+            second = await eng.generate(req(4, seed=4))
+            await eng.close()
+            return first, second, eng
+
+        first, second, eng = asyncio.run(go())
+    assert first.output_versions == [0] * 20 and eng.stats.unsplit_spans == 1 and eng.stats.resends == 0
+    assert second.output_versions == [1] * 4  # sent after the update: the server's label
 
 
 def test_an_update_under_an_in_place_pause_recomputes_unless_told_to_keep(sglang_models, ref_logprobs, close) -> None:
