@@ -177,9 +177,9 @@ class Generator:
 
     `server` (the default): `asearch engine serve` in its own process with one torch thread, driven over
     HTTP by `SGLangEngine`, the way a trainer drives an SGLang or vLLM server; each update saves the
-    policy (safetensors) and the server loads it (`/update_weights_from_disk`, which aborts running
-    requests and the client resends them with their tokens so far; with `--update-kv keep` they are frozen in
-    place and go on with their KV cache). `inprocess`: `InProcessEngine` in the
+    policy (safetensors) and the server loads it (`/update_weights_from_disk`; running requests are frozen in
+    place and go on with their KV cache, or with `--update-kv recompute` aborted and resent by the client with
+    their tokens so far). `inprocess`: `InProcessEngine` in the
     bench process, updated from the live state dict (trainer and engine then share one process).
     """
 
@@ -534,9 +534,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--update-kv",
         choices=["recompute", "keep"],
-        default="recompute",
-        help="the engine's update_kv: recompute (abort, resend, prefill again after every weight push) or keep "
-        "(in-flight update: requests go on with their KV cache)",
+        default="keep",
+        help="the engine's update_kv: keep (the product's default since 2026-11-27; an in-flight update: requests "
+        "go on with their KV cache) or recompute (abort, resend, prefill again after every weight push)",
     )
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)

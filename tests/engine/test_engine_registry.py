@@ -188,5 +188,7 @@ def test_rollout_pool_members_are_built_through_the_registry(monkeypatch) -> Non
         RolloutServersConfig(kind="openai")  # a chat server has no token log-probs or weight updates
     pool = open_pool(RolloutServersConfig(kind="sglang", update_kv="keep"), urls[:1])
     assert pool.members[0].engine.cfg.update_kv == "keep" and pool.members[0].engine.updates_in_place
-    with pytest.raises(ValueError, match="kind 'vllm' always recompute"):
-        RolloutServersConfig(kind="vllm", update_kv="keep")
+    assert open_pool(RolloutServersConfig(kind="sglang"), urls[:1]).members[0].engine.cfg.update_kv == "keep"
+    for kv in ("keep", "recompute"):  # vLLM has no choice: an explicit one is a mistake
+        with pytest.raises(ValueError, match="kind 'vllm' always recompute"):
+            RolloutServersConfig(kind="vllm", update_kv=kv)

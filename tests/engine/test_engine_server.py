@@ -188,7 +188,7 @@ def test_update_weights_from_disk_mid_request(server, sglang_models, ref_logprob
         return sglang_models["v1" if version % 2 else "v0"]
 
     async def attempt(n: int, version: int):
-        eng = engine(url)
+        eng = engine(url, update_kv="recompute")
         start = info(url)["internal_states"][0]["tokens_generated"]
         task = asyncio.create_task(eng.generate(req(n, seed=3)))
         while info(url)["internal_states"][0]["tokens_generated"] == start and not task.done():

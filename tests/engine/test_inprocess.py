@@ -513,7 +513,7 @@ def test_update_weights_mid_generation_recomputes_cache(model, model_b, tokenize
     ps = prompts(tokenizer, 4)
 
     async def main():
-        engine = make_engine(model, tokenizer)
+        engine = make_engine(model, tokenizer, update_kv="recompute")
         try:
             tasks = [
                 asyncio.create_task(
@@ -619,7 +619,7 @@ def test_update_weights_from_directory(model, model_b, tokenizer, tmp_path):
     p = prompts(tokenizer, 1)[0]
 
     async def main():
-        engine = make_engine(model, tokenizer)
+        engine = make_engine(model, tokenizer, update_kv="recompute")
         try:
             task = asyncio.create_task(
                 engine.generate(

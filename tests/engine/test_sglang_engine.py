@@ -169,7 +169,7 @@ def test_update_mid_request_aborts_resends_and_switches_logprobs(sglang_models, 
     with serving(sglang_models) as (server, url):
 
         async def go():
-            eng = engine(url)
+            eng = engine(url, update_kv="recompute")
             server.engine.free.clear()
             task = asyncio.create_task(eng.generate(req(60, seed=3)))
             server.engine.allow(5)
@@ -377,5 +377,5 @@ def test_failed_update_keeps_version_and_resumes(sglang_models, tmp_path: Path) 
 
         version, after = asyncio.run(go())
     assert version == 0 and after.output_versions == [0] * 4 and after.stop_reason == "length"
-    assert server.log == ["pause:abort", "update:broken", "continue"]
+    assert server.log == ["pause:in_place", "update:broken", "continue"]
     assert server.weight_version == "default" and server.engine.version == 0

@@ -1,9 +1,9 @@
 """The in-process engine: continuous batching over a slot KV cache in a dedicated decode thread.
 
 Every decode step batches all active requests; new requests are prefilled between steps and join the
-batch, finished ones leave it. `update_weights` swaps weights between two steps and, by default, recomputes
-the KV cache of every in-flight request under the new weights (`update_kv: keep` keeps it, as PipelineRL's
-in-flight updates do), so one response may carry two versions.
+batch, finished ones leave it. `update_weights` swaps weights between two steps; in-flight requests go on
+with the KV cache the old weights computed (`update_kv: keep`, as PipelineRL's in-flight updates do) or
+recompute it under the new ones (`recompute`), so one response may carry two versions.
 The asyncio side only enqueues commands and awaits futures: the event loop never runs torch.
 """
 
@@ -81,7 +81,7 @@ class InProcessEngineConfig(Config):
         description="KV of finished requests kept per trajectory_id so the next turn prefills only its new "
         "tokens; LRU, dropped on weight update unless update_kv is keep; 0 disables",
     )
-    update_kv: UpdateKV = Field("recompute", description=UPDATE_KV_HELP)
+    update_kv: UpdateKV = Field("keep", description=UPDATE_KV_HELP)
     seed: int = Field(
         0, description="seeds the per-request random streams of requests without their own seed"
     )

@@ -90,8 +90,10 @@ class RolloutServersConfig(Config):
     revive_timeout_s: float = Field(
         600.0, gt=0, description="How long a request waits when no server is up before the run fails."
     )
-    update_kv: UpdateKV = Field(
-        "recompute", description=f"{UPDATE_KV_HELP}. keep needs a kind that offers it (sglang; vllm always recomputes)"
+    update_kv: UpdateKV | None = Field(
+        None,
+        description=f"{UPDATE_KV_HELP}. Unset: the kind's default (sglang keeps; vllm always recomputes, so keep "
+        "with kind vllm is an error)",
     )
 
     @field_validator("kind")
@@ -104,14 +106,16 @@ class RolloutServersConfig(Config):
 
     @model_validator(mode="after")
     def _kind_keeps_kv(self) -> RolloutServersConfig:
-        if self.update_kv == "keep" and "update_kv" not in engine_kind(self.kind).options.model_fields:
-            raise ValueError(f"update_kv=keep: rollout servers of kind {self.kind!r} always recompute; use sglang")
+        if self.update_kv is not None and "update_kv" not in engine_kind(self.kind).options.model_fields:
+            raise ValueError(
+                f"update_kv={self.update_kv}: rollout servers of kind {self.kind!r} always recompute (leave it unset); "
+                "keep needs sglang"
+            )
         return self
 
     def client_options(self) -> dict[str, Any]:
         """Options of each server's client engine beyond its URL."""
-        keep = {"update_kv": self.update_kv} if "update_kv" in engine_kind(self.kind).options.model_fields else {}
-        return {"http": self.http, **keep}
+        return {"http": self.http, **({"update_kv": self.update_kv} if self.update_kv is not None else {})}
 
 
 @dataclass(eq=False)

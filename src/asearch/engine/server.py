@@ -18,7 +18,7 @@ the tokens they have, or finish; the client resends aborted requests with their 
 paused in place, swaps the weights under the frozen requests (with `flush_cache: false` they keep the KV
 the old weights computed and the prefix cache stays: PipelineRL's in-flight update). New requests wait
 until the new weights are loaded. `meta_info.weight_version` names the weights of a response's last
-token, and a response whose tokens span versions also lists each token's (`output_token_weight_versions`).
+token, and with `return_logprob` each token's is listed too (`output_token_weight_versions`).
 Both protocols go through `EngineServer.run`: the same gate, prefix index and engine batch.
 """
 
@@ -237,9 +237,8 @@ class EngineServer:
         return resp, label
 
     def token_labels(self, resp: GenerateResponse) -> list[str] | None:
-        """Each token's weight_version label when the response spans updates (an in-place update), else None."""
-        if len(set(resp.output_versions)) <= 1:
-            return None
+        """Each token's weight_version label: the client cannot tell from one label whether an update in place
+        landed inside the request."""
         return [self._labels.get(v, self.weight_version) for v in resp.output_versions]
 
     def _sampling(self, sp: Mapping[str, Any]) -> tuple[SamplingParams, bool]:
@@ -307,7 +306,7 @@ class EngineServer:
             "weight_version": label,
             "e2e_latency": latency,
         }
-        if (labels := self.token_labels(resp)) is not None:
+        if body.get("return_logprob") and (labels := self.token_labels(resp)) is not None:
             meta["output_token_weight_versions"] = labels
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = [

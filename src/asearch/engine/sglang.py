@@ -51,7 +51,7 @@ class SGLangEngineConfig(Config):
         description="Mode of /pause_generation for Engine.pause(): 'in_place' freezes running requests with "
         "their KV cache; 'retract' moves them back to the queue (KV recomputed on resume).",
     )
-    update_kv: UpdateKV = Field("recompute", description=UPDATE_KV_HELP)
+    update_kv: UpdateKV = Field("keep", description=UPDATE_KV_HELP)
     trust_server_version: bool = Field(
         True,
         description="Tag tokens with the server's meta_info.weight_version when it is an integer (it names "

@@ -59,10 +59,10 @@ WeightSource = str | os.PathLike[str] | Mapping[str, Any]
 # What a weight update does to the KV cache of requests in flight and of cached prefixes.
 UpdateKV = Literal["recompute", "keep"]
 UPDATE_KV_HELP = (
-    "KV cache at a weight update. recompute: in-flight requests recompute theirs under the new weights (an "
-    "HTTP server aborts them and they are resent with their tokens so far) and cached prefixes are dropped; "
-    "keep: requests go on with the KV the old weights computed and prefixes stay cached (PipelineRL's "
-    "in-flight update: no re-prefill, tokens after the update still carry the new version)"
+    "KV cache at a weight update. keep (the default): requests go on with the KV the old weights computed and "
+    "prefixes stay cached (PipelineRL's in-flight update: no re-prefill; tokens after the update carry the new "
+    "version); recompute: in-flight requests recompute theirs under the new weights (an HTTP server aborts "
+    "them and they are resent with their tokens so far) and cached prefixes are dropped"
 )
 
 
