@@ -12,6 +12,7 @@ from asearch.demo.worlds import (
     expert_episodes,
     interleave,
     prepare_world,
+    spread,
     worker_pool,
 )
 from asearch.tools import ToolsConfig
@@ -22,6 +23,17 @@ pytest.importorskip("torch")
 def test_interleave_lets_the_worlds_take_turns() -> None:
     assert interleave([[1, 4, 7], [2, 5], [3, 6]]) == [1, 2, 3, 4, 5, 6, 7]
     assert interleave([]) == []
+
+
+def test_expert_episodes_cover_every_question_group_evenly() -> None:
+    """The long preset: 300 records per world grouped by hop count (50 each of 1-6), 240 episodes. Taking the first
+    240 left every 6-hop question out of SFT; spread picks 40 of each hop count."""
+    hops = [1 + i // 50 for i in range(300)]
+    picked = [hops[i] for i in spread(300, 240)]
+    assert {h: picked.count(h) for h in range(1, 7)} == {h: 40 for h in range(1, 7)}
+    assert spread(3, 7) == [0, 0, 0, 1, 1, 2, 2] and spread(4, 4) == [0, 1, 2, 3] and spread(0, 5) == []
+    many = spread(1200, 960)  # the default demo: 400 of each of 3 hop counts, 960 episodes
+    assert [sum(1 for i in many if i // 400 == h) for h in range(3)] == [320, 320, 320]
 
 
 def test_two_worker_processes_give_what_one_process_gives(tmp_path, monkeypatch) -> None:

@@ -91,7 +91,7 @@ def prepare_world(job: WorldJob) -> list[QARecord]:
 
 @dataclass(frozen=True)
 class ExpertJob:
-    """`episodes` expert episodes on one world: the j-th asks `records[j % len(records)]`."""
+    """`episodes` expert episodes on one world, spread evenly over `records` (`spread`)."""
 
     records: list[QARecord]
     episodes: int
@@ -135,12 +135,11 @@ def expert_episodes(job: ExpertJob) -> list[list[Sample]]:
     async def go():
         sem = asyncio.Semaphore(64)
 
-        async def one(j: int):
+        async def one(i: int):
             async with sem:
-                question = job.records[j % len(job.records)].question
-                return await run_episode(engine, job.tokenizer, tools, question, job.agent)
+                return await run_episode(engine, job.tokenizer, tools, job.records[i].question, job.agent)
 
-        return await asyncio.gather(*(one(j) for j in range(job.episodes)))
+        return await asyncio.gather(*(one(i) for i in spread(len(job.records), job.episodes)))
 
     try:
         trajectories = asyncio.run(go())
@@ -148,6 +147,15 @@ def expert_episodes(job: ExpertJob) -> list[list[Sample]]:
         for close in closers:
             close()
     return [trajectories_to_samples([t]) for t in trajectories]
+
+
+def spread(items: int, picks: int) -> list[int]:
+    """`picks` indexes into `items` things in order, each thing picked floor or ceil(picks / items) times.
+
+    Records come grouped by hop count, so taking the first `picks` of them (fewer picks than records) would
+    leave the longest questions out of SFT altogether.
+    """
+    return [j * items // picks for j in range(picks)] if items else []
 
 
 def interleave(per_world: Sequence[Sequence[R]]) -> list[R]:
