@@ -132,6 +132,23 @@ def tokens_generated(server: EngineServer) -> int:
     return int(server.engine.stats()["tokens_generated"])
 
 
+async def started(server: EngineServer, eng: SGLangEngine, request: GenerateRequest, tokens: int) -> asyncio.Task:
+    """`request` in flight, stopped after exactly `tokens` tokens until `server.engine.free` is set again."""
+    server.engine.free.clear()
+    task = asyncio.create_task(eng.generate(request))
+    server.engine.allow(tokens)
+    await until(lambda: tokens_generated(server) == tokens, f"{tokens} tokens")
+    return task
+
+
+async def update_after_5_tokens(server: EngineServer, eng: SGLangEngine, models, request: GenerateRequest):
+    """`request` samples exactly 5 tokens under v0, then `eng` pushes v1 and the request runs to its end."""
+    task = await started(server, eng, request, 5)
+    await eng.update_weights(models["v1"][1], version=1)
+    server.engine.free.set()
+    return await task
+
+
 # ---------------------------------------------------------------------- tests
 
 
@@ -170,13 +187,7 @@ def test_update_mid_request_aborts_resends_and_switches_logprobs(sglang_models, 
 
         async def go():
             eng = engine(url, update_kv="recompute")
-            server.engine.free.clear()
-            task = asyncio.create_task(eng.generate(req(60, seed=3)))
-            server.engine.allow(5)
-            await until(lambda: tokens_generated(server) == 5, "5 tokens under v0")
-            await eng.update_weights(sglang_models["v1"][1], version=1)
-            server.engine.free.set()
-            interrupted = await task
+            interrupted = await update_after_5_tokens(server, eng, sglang_models, req(60, seed=3))
             after = await eng.generate(req(8, seed=4))
             await eng.close()
             return interrupted, after, eng
@@ -203,13 +214,7 @@ def test_keep_kv_update_goes_on_in_place_without_a_resend_or_a_second_prefill(sg
 
         async def go():
             eng = engine(url, update_kv="keep")
-            server.engine.free.clear()
-            task = asyncio.create_task(eng.generate(req(60, seed=3)))
-            server.engine.allow(5)
-            await until(lambda: tokens_generated(server) == 5, "5 tokens under v0")
-            await eng.update_weights(sglang_models["v1"][1], version=1)
-            server.engine.free.set()
-            interrupted = await task
+            interrupted = await update_after_5_tokens(server, eng, sglang_models, req(60, seed=3))
             stats = server.engine.stats()
             turn2 = [*PROMPT, *interrupted.output_ids, *PROMPT]  # the next turn of the same conversation
             after = await eng.generate(GenerateRequest(input_ids=turn2, sampling=SamplingParams(max_new_tokens=8)))
@@ -234,13 +239,7 @@ def test_keep_kv_against_a_server_that_labels_whole_responses_tags_the_send_time
 
         async def go():
             eng = engine(url, update_kv="keep")
-            server.engine.free.clear()
-            task = asyncio.create_task(eng.generate(req(20, seed=3)))
-            server.engine.allow(5)
-            await until(lambda: tokens_generated(server) == 5, "5 tokens under v0")
-            await eng.update_weights(sglang_models["v1"][1], version=1)
-            server.engine.free.set()
-            first = await task
+            first = await update_after_5_tokens(server, eng, sglang_models, req(20, seed=3))
             second = await eng.generate(req(4, seed=4))
             await eng.close()
             return first, second, eng
@@ -261,10 +260,7 @@ def test_an_update_under_an_in_place_pause_recomputes_unless_told_to_keep(sglang
             import httpx
 
             eng = engine(url)
-            server.engine.free.clear()
-            task = asyncio.create_task(eng.generate(req(30, seed=8)))
-            server.engine.allow(4)
-            await until(lambda: tokens_generated(server) == 4, "4 tokens under v0")
+            task = await started(server, eng, req(30, seed=8), 4)
             async with httpx.AsyncClient(base_url=url, timeout=60) as c:
                 await c.post("/pause_generation", json={"mode": "in_place"})
                 body = {"model_path": str(sglang_models["v1"][1]), "weight_version": "1", "abort_all_requests": False}
@@ -291,10 +287,7 @@ def test_an_update_waiting_for_running_requests_goes_ahead_once_they_are_frozen(
             import httpx
 
             eng = engine(url)
-            server.engine.free.clear()  # the request cannot finish until the test lets it
-            task = asyncio.create_task(eng.generate(req(20, seed=9)))
-            server.engine.allow(2)
-            await until(lambda: tokens_generated(server) == 2, "2 tokens under v0")
+            task = await started(server, eng, req(20, seed=9), 2)  # it cannot finish until the test lets it
             async with httpx.AsyncClient(base_url=url, timeout=60) as c:
                 body = {"model_path": str(sglang_models["v1"][1]), "weight_version": "1", "flush_cache": False}
                 update = asyncio.create_task(c.post("/update_weights_from_disk", json=body))
@@ -338,10 +331,7 @@ def test_pause_freezes_in_place_and_resume_continues(sglang_models, ref_logprobs
 
         async def go():
             eng = engine(url)
-            server.engine.free.clear()
-            task = asyncio.create_task(eng.generate(req(40, seed=6)))
-            server.engine.allow(3)
-            await until(lambda: tokens_generated(server) == 3, "3 tokens")
+            task = await started(server, eng, req(40, seed=6), 3)
             await eng.pause()
             server.engine.free.set()  # a paused engine must not step even when allowed to
             waiting = asyncio.create_task(eng.generate(req(3, seed=7)))
