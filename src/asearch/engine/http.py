@@ -242,7 +242,7 @@ class Chunk:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     server_version: int | None = None  # the weights version the server says made these tokens
-    token_versions: list[int | None] | None = None  # per token when the server lists them (an update in place)
+    token_versions: list[int | None] | None = None  # per token, when the server lists them (asearch engine serve)
 
 
 @dataclass(slots=True)
@@ -365,7 +365,7 @@ class ResumableRemoteEngine:
             tag = chunk.server_version if chunk.server_version is not None else version
             out_ids += chunk.ids
             out_lps += chunk.logprobs
-            if chunk.token_versions is not None:  # an update in place landed inside this chunk
+            if chunk.token_versions is not None:  # the server named each token's weights
                 out_vers += [version if v is None else v for v in chunk.token_versions]
             elif self.updates_in_place and self._version != version:
                 self.stats.unsplit_spans += 1

@@ -203,8 +203,9 @@ class EngineServer:
         on_token: Callable[[int, float], None] | None = None,
     ) -> tuple[GenerateResponse, str]:
         """Generate through the pause/update gate: (the engine's response, the weight-version label of its
-        last token; `token_labels` gives each token's when an in-place update landed inside it). Prefixes of finished requests are reused; `on_token` is passed to the engine (it must
-        stream, as `InProcessEngine` does). A prompt the engine refuses raises `BadRequest`."""
+        last token; `token_labels` gives each token's). Prefixes of finished requests are reused; `on_token`
+        is passed to the engine (it must stream, as `InProcessEngine` does). A prompt the engine refuses
+        raises `BadRequest`."""
         self.counts["requests"] += 1
         while not self._gate.is_set():  # paused or updating: wait, like SGLang's is_pause_cond
             await self._gate.wait()
