@@ -67,13 +67,16 @@ class SGLangEngine(ResumableRemoteEngine):
     def __init__(self, base_url: str | Sequence[str], *, cfg: SGLangEngineConfig | None = None):
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         self.cfg = cfg or SGLangEngineConfig()
-        self.updates_in_place = self.cfg.update_kv == "keep"
         super().__init__(
             urls,
             http=self.cfg.http,
             max_resends=self.cfg.max_resends,
             initial_version=self.cfg.initial_version,
         )
+
+    @property
+    def updates_in_place(self) -> bool:  # type: ignore[override]
+        return self.cfg.update_kv == "keep"
 
     async def pause(self) -> None:
         """Freeze generation on the servers (`cfg.pause_mode`); no new chunks leave this client."""
@@ -97,7 +100,7 @@ class SGLangEngine(ResumableRemoteEngine):
         wait at the server until it continues, so they run (and are labelled) under the new weights.
         """
         path = check_weights_dir(source)
-        keep = self.cfg.update_kv == "keep"
+        keep = self.updates_in_place
         async with self._update_lock:
             start = time.monotonic()
             self._updating = True
