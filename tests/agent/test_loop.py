@@ -88,6 +88,28 @@ def test_turn_limit_is_exact_and_long_horizons_work(world, max_turns):
     assert traj.num_turns == max_turns
 
 
+def test_a_call_repeated_with_the_same_result_ends_the_episode(world):
+    traj, _ = run(world, lambda p: "<search>Oslen</search>", max_turns=100, max_context_tokens=10**7, stop_repeats=3)
+    assert traj.finish == "repeated" and traj.counters["searches"] == 3 and traj.answer is None
+
+    def reread(prompt):  # reads past the end of a one-page document: the first call differs, then repeats
+        return "read it</summary>" if prompt.endswith("<summary>") else "<access>https://mini.example/wiki/Oslen</access>"
+
+    tools, tok = world
+    paged = {**tools, "access": AccessTool(tools["access"].backend, {"chunk_chars": 30, "chunks_per_call": 1})}
+    traj = asyncio.run(run_episode(ScriptedEngine(tok, reread), tok, paged, "Where is Oslen?",
+                                   AgentConfig(max_turns=100, max_context_tokens=10**7, stop_repeats=3)))  # fmt: skip
+    heads = [t.observation.split("]")[0] for t in traj.turns if t.kind == "act"]
+    assert traj.finish == "repeated" and heads == [
+        "[page 1/2 of https://mini.example/wiki/Oslen", "[page 2/2 of https://mini.example/wiki/Oslen"
+    ] + ["[https://mini.example/wiki/Oslen has no page 3: all 2 pages were shown"] * 3
+
+    queries = iter(["<search>Oslen</search>", "<search>Tarnia</search>"] * 50)
+    alternate = lambda p: "read it</summary>" if p.endswith("<summary>") else next(queries)  # noqa: E731
+    traj, _ = run(world, alternate, max_turns=20, max_context_tokens=10**7, stop_repeats=2)
+    assert traj.finish == "max_turns"  # a different call in between breaks the run
+
+
 def test_context_budget_stops_the_episode(world):
     traj, _ = run(world, lambda p: "<search>Oslen harbour</search>", max_context_tokens=700, max_turns=100)
     assert traj.finish == "max_tokens"

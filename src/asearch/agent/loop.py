@@ -50,6 +50,11 @@ class AgentConfig(Config):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0, description="0 = disabled.")
     tool_timeout_s: float = Field(60.0, gt=0, description="A slower tool call becomes an error observation.")
+    stop_repeats: int | None = Field(
+        None, ge=2, description="End the episode (finish `repeated`) once the same tool call (action and "
+        "argument) has returned the same result this many times in a row: a model re-issuing a call that can "
+        "only answer the same thing is stuck, and its remaining turns would be spent for nothing. None: never.",
+    )
 
     @model_validator(mode="after")
     def _style_exists(self) -> AgentConfig:
@@ -141,6 +146,8 @@ class _Episode:
         self.tool_state = EpisodeContext()
         self.pending_blocks: list[str] = []  # tool output waiting for a reading turn each
         self.actions_done = 0
+        self.last_call: tuple[str, str, str] | None = None  # (action, argument, result) of the last tool call
+        self.call_repeats = 0  # how many times in a row `last_call` came back the same
 
     async def run(self, on_turn: Callable[[Turn], None] | None) -> Trajectory:
         """Turn after turn until an answer or a limit; then the totals."""
@@ -180,7 +187,17 @@ class _Episode:
         if await self._call_tool(turn, action):  # a tool that ends the episode, like synthesis's stop
             self.traj.answer, self.traj.finish = action.argument, "answer"
             return False
+        if self.cfg.stop_repeats is not None and self._count_repeat(turn) >= self.cfg.stop_repeats:
+            self.traj.finish = "repeated"
+            return False
         return True
+
+    def _count_repeat(self, turn: Turn) -> int:
+        """How many times in a row this tool call (action, argument and result) has now been made."""
+        call = (turn.action or "", turn.argument or "", turn.observation or "")
+        self.call_repeats = self.call_repeats + 1 if call == self.last_call else 1
+        self.last_call = call
+        return self.call_repeats
 
     def _plan_turn(self) -> _TurnPlan:
         """A pending result block makes a reading turn; otherwise an act turn, which may only answer once

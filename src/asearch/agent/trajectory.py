@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-FinishReason = Literal["answer", "max_turns", "max_tokens", "length", "abort", "error"]
+FinishReason = Literal["answer", "max_turns", "max_tokens", "repeated", "length", "abort", "error"]
 
 
 @dataclass(slots=True)
