@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 
+from asearch.rl.loss import LossConfig
 from asearch.rl.trainer import (
     OptimConfig,
     PolicyTrainer,
@@ -14,6 +15,7 @@ from asearch.rl.trainer import (
     TrainerConfig,
     micro_batches,
     sequence_logprobs,
+    weigh_episodes_equally,
 )
 
 torch.set_num_threads(1)
@@ -49,6 +51,20 @@ def test_micro_batching_does_not_change_the_gradient(model_and_samples):
     one = _grads(model, samples, budget=10_000)
     many = _grads(model, samples, budget=64)
     assert torch.allclose(one, many, atol=1e-6, rtol=1e-4)
+
+
+def test_episode_aggregation_is_the_token_loss_on_rescaled_advantages(model_and_samples):
+    """`loss.aggregation: episode` in the trainer is the token loss on `weigh_episodes_equally`'s samples."""
+    model, samples = model_and_samples
+    episodes = [copy.copy(s) for s in samples]
+    for k, s in enumerate(episodes):
+        s.episode = k // 2  # episodes of two segments each
+    m = copy.deepcopy(model)
+    t = PolicyTrainer(m, TrainerConfig(optim=OptimConfig(lr=1e-12), loss=LossConfig(aggregation="episode")))
+    t.train_step(episodes, policy_version=0)
+    by_episode = torch.cat([p.grad.flatten() for p in m.parameters() if p.grad is not None])
+    assert torch.allclose(by_episode, _grads(model, weigh_episodes_equally(episodes), budget=16384), atol=1e-7)
+    assert not torch.allclose(by_episode, _grads(model, episodes, budget=16384), atol=1e-7)
 
 
 def test_generated_only_logprobs_and_gradients_equal_the_full_head(model_and_samples):

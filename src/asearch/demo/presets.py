@@ -43,6 +43,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                 # a summary holds what matters, so a read chunk is cut to nothing once the context is full
                 "style_options": {**READING_STYLE, "compact_read_blocks": 0, "compact_when": "full", "read_max_new_tokens": 24},
                 "max_turns": 64, "max_new_tokens": 40, "max_context_tokens": _LONG_CONTEXT, "temperature": 0.7,
+                "stop_repeats": 3,  # a policy asking for the page after the last one again is stuck (docs/demo.md)
             },  # fmt: skip
             "engine": {"max_seq_len": _LONG_CONTEXT, "max_batch": 128},
             "trainer": {"token_budget": 2048, "epochs": 1},

@@ -178,8 +178,12 @@ class TrainingLoop:
     def advantages(self, batch: list[Group]) -> list[Sample]:
         """Per-token training samples, each carrying its group-relative advantage."""
         # group by group: a group that lost episodes to infrastructure faults is smaller than the others
-        adv = self.cfg.trainer.advantages
-        return [s for g in batch for s in groups_to_samples([g.rewards], [g.trajectories], adv)[0]]
+        adv, first = self.cfg.trainer.advantages, 0
+        samples: list[Sample] = []
+        for g in batch:
+            samples += groups_to_samples([g.rewards], [g.trajectories], adv, first_episode=first)[0]
+            first += len(g.trajectories)
+        return samples
 
     async def train_step(self, samples: list[Sample]) -> dict[str, float]:
         """One policy update, in a worker thread (generation and evaluation go on meanwhile)."""

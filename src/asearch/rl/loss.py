@@ -6,6 +6,8 @@ weighted and masked by how far behaviour is from it.
         w_t = pi_prox / pi_behav     (tokens were sampled by an older policy, or another engine; no gradient)
         (c_t, keep_t) = correction(w_t): the weight a token gets and whether it stays in the loss
         N = the generated tokens, counted before any masking, so masking shrinks the loss
+Every token weighs the same there, so an episode weighs by its length; `loss.aggregation: episode` rescales
+each episode's advantage (`episode_weights`) so that every episode weighs the same instead.
 The corrections (`loss.correction`, one function each in `CORRECTIONS`):
     decoupled   c = w,           keep: w <= cap                   (AReaL's; the default)
     tis         c = min(w, C),   keep: every token                (truncated importance sampling)
@@ -15,7 +17,7 @@ The corrections (`loss.correction`, one function each in `CORRECTIONS`):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
@@ -52,6 +54,12 @@ class LossConfig(Config):
     )
     seq_mask_low: float = Field(0.5, ge=0, description="seq_mask: low end of the band of sequence ratios kept.")
     seq_mask_high: float = Field(2.0, gt=0, description="seq_mask: high end of the band of sequence ratios kept.")
+
+    aggregation: Literal["token", "episode"] = Field(
+        "token",
+        description="token: the loss is a mean over generated tokens (a long episode weighs more). episode: a mean "
+        "over episodes of each one's token mean (every episode weighs the same; `episode_weights`).",
+    )
 
     @model_validator(mode="after")
     def _bands_are_ordered(self) -> LossConfig:
@@ -107,6 +115,20 @@ CORRECTIONS: dict[str, Correction] = {
     "token_mask": token_mask_correction,
     "seq_mask": seq_mask_correction,
 }
+
+
+def episode_weights(episode_tokens: Sequence[int]) -> list[float]:
+    """The advantage scale a_e of each episode under `aggregation: episode`, which turns the token mean into
+    a mean over episodes:
+
+        sum_e sum_t a_e * l_et / N  =  (1/E) sum_e (1/n_e) sum_t l_et      with  a_e = N / (E * n_e)
+        n_e = episode e's generated tokens, N = sum_e n_e, E = the episodes with any
+
+    With token weighting, the episodes of a group that failed long (a loop, a page read to its end) push their
+    common, mostly right, actions down by more than the short successes push them up; here they cancel.
+    """
+    n_total, n_episodes = sum(episode_tokens), sum(1 for n in episode_tokens if n > 0)
+    return [n_total / (n_episodes * n) if n > 0 else 0.0 for n in episode_tokens]
 
 
 def corrected_weights(

@@ -7,6 +7,7 @@ token-budget micro-batches and take one AdamW step.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import random
@@ -39,7 +40,7 @@ from asearch.models.lora import (
     merged_state_dict,
 )
 from asearch.rl.advantages import AdvantageConfig, group_advantages
-from asearch.rl.loss import LossConfig, corrected_weights, decoupled_ppo_loss
+from asearch.rl.loss import LossConfig, corrected_weights, decoupled_ppo_loss, episode_weights
 from asearch.rl.optim import OptimConfig, lr_factor, make_optimizer, raise_if_diverged
 
 
@@ -73,22 +74,38 @@ class Sample:
     behav_logprobs: list[float]
     versions: list[int]
     advantage: float
+    episode: int | None = None  # which episode of the step it belongs to (several segments may); None: its own
 
     @property
     def n_generated(self) -> int:
         return sum(self.loss_mask)
 
 
-def groups_to_samples(rewards: Sequence[Sequence[float]], trajectories: Sequence[Sequence[Any]], cfg: AdvantageConfig):
-    """(G, n) rewards + trajectories -> Samples (one per segment with generated tokens) and advantages."""
+def groups_to_samples(
+    rewards: Sequence[Sequence[float]], trajectories: Sequence[Sequence[Any]], cfg: AdvantageConfig, *, first_episode: int = 0
+):
+    """(G, n) rewards + trajectories -> Samples (one per segment with generated tokens, numbered by episode from
+    `first_episode`) and advantages."""
     adv = group_advantages(torch.tensor(rewards, dtype=torch.float32), cfg)
     samples = []
+    episodes = itertools.count(first_episode)
     for g, group in enumerate(trajectories):
         for i, traj in enumerate(group):
+            e = next(episodes)
             for seg in traj.segments:
                 if seg.n_generated:
-                    samples.append(Sample(seg.token_ids, seg.loss_mask, seg.logprobs, seg.versions, float(adv[g, i])))
+                    samples.append(Sample(seg.token_ids, seg.loss_mask, seg.logprobs, seg.versions, float(adv[g, i]), e))
     return samples, adv
+
+
+def weigh_episodes_equally(samples: Sequence[Sample]) -> list[Sample]:
+    """`loss.aggregation: episode`: each sample's advantage scaled by its episode's a_e (`episode_weights`)."""
+    keys = [("episode", s.episode) if s.episode is not None else ("sample", k) for k, s in enumerate(samples)]
+    tokens: dict[tuple[str, int], int] = {}
+    for key, s in zip(keys, samples, strict=True):
+        tokens[key] = tokens.get(key, 0) + s.n_generated
+    scale = dict(zip(tokens, episode_weights(list(tokens.values())), strict=True))
+    return [dataclasses.replace(s, advantage=s.advantage * scale[key]) for key, s in zip(keys, samples, strict=True)]
 
 
 def micro_batches(samples: Sequence[Sample], token_budget: int) -> list[list[int]]:
@@ -264,6 +281,8 @@ class PolicyTrainer:
         it when it is further along than the step count."""
         cfg = self.cfg
         self._progress = progress
+        if cfg.loss.aggregation == "episode":
+            samples = weigh_episodes_equally(samples)
         self.model.train()
         order = list(range(len(samples)))
         self.rng.shuffle(order)
