@@ -23,11 +23,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
 
+from asearch.agent.expert import reading_plan_from_record
 from asearch.agent.workflow import SearchAgentWorkflow
 from asearch.demo.pipeline import DemoConfig
 from asearch.engine.inprocess import InProcessEngine
@@ -46,9 +49,9 @@ def classify(summary: str, chunk: str, key: str, value: str) -> str:
     return "no line: said no" if said_no else "no line: invented"
 
 
-def episode_reads(traj, evidence) -> tuple[list[tuple[int, str]], str | None]:
+def episode_reads(traj, record: Mapping[str, Any]) -> tuple[list[tuple[int, str]], str | None]:
     """(hop, class) of each reading turn, and the episode's first mistake (None: none found)."""
-    keys = [e["statement"][: -len(str(e["value"]))].strip() for e in evidence]
+    evidence, keys = record["metadata"]["evidence"], reading_plan_from_record(record).keys
     hop, chunk, first, reads = 0, "", None, []
     for turn in traj.turns:
         if turn.kind == "act":
@@ -101,7 +104,7 @@ def main() -> None:
         if traj is None:
             continue
         hops = record.metadata["hops"]
-        kinds, first = episode_reads(traj, record.metadata["evidence"])
+        kinds, first = episode_reads(traj, record.model_dump())
         reads.update(kinds)
         right[hops] += bool(traj.score)
         if not traj.score:

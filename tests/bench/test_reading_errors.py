@@ -33,7 +33,7 @@ def test_each_reading_class():
 
 
 def test_an_episodes_first_mistake_and_hops():
-    evidence = [{"statement": "headquarters Vainny", "value": "Vainny"}, {"statement": "capital Oslen", "value": "Oslen"}]
+    evidence = [{"entity": "Vokim Institute", "statement": "headquarters Vainny", "value": "Vainny"}, {"statement": "capital Oslen", "value": "Oslen"}]
     turns = [
         Turn(kind="act", output_text="<access>u</access>", action="access", observation=CHUNK),
         Turn(kind="read", output_text=" headquarters Vainny</summary>"),
@@ -42,6 +42,6 @@ def test_an_episodes_first_mistake_and_hops():
         Turn(kind="act", output_text="<answer>Vainny</answer>", action="answer"),
     ]
     traj = Trajectory(id="t", question="q", style="search-r1", action_tags=[], turns=turns)
-    reads, first = _module().episode_reads(traj, evidence)
+    reads, first = _module().episode_reads(traj, {"metadata": {"evidence": evidence}})
     assert reads == [(1, "found"), (2, "missed line")]
     assert first == "missed line (hop 2)"
