@@ -6,7 +6,7 @@ of each hop count, greedy or at `--temperature`, and classifies every reading tu
 read holds the line the current hop asks for (`key value`) and what the summary said:
 
     found                the line is there and the summary is that line
-    missed line          the line is there and the summary says `no key`
+    missed line          the line is there and the summary says `key none`
     wrong value on line  the line is there and the summary names another value
     no line: said no     the line is not there and the summary says so (right)
     no line: invented    the line is not there and the summary names a value (a distractor or a guess)
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import yaml
 
-from asearch.agent.expert import reading_plan_from_record
+from asearch.agent.expert import reading_plan_from_record, summary_found
 from asearch.agent.workflow import SearchAgentWorkflow
 from asearch.demo.pipeline import DemoConfig
 from asearch.engine.inprocess import InProcessEngine
@@ -43,7 +43,7 @@ from asearch.tools import build_tools
 def classify(summary: str, chunk: str, key: str, value: str) -> str:
     """One reading turn: does `chunk` hold `key value`, and what did the summary make of it."""
     has_line = any(line.strip() == f"{key} {value}" for line in chunk.splitlines())
-    said_no = summary.startswith("no ")
+    said_no = not summary_found(summary)
     if has_line:
         return "found" if summary == f"{key} {value}" else "missed line" if said_no else "wrong value on line"
     return "no line: said no" if said_no else "no line: invented"
@@ -65,7 +65,7 @@ def episode_reads(traj, record: Mapping[str, Any]) -> tuple[list[tuple[int, str]
         reads.append((h + 1, kind))
         if first is None and kind in ("missed line", "wrong value on line", "no line: invented"):
             first = f"{kind} (hop {h + 1})"
-        hop += not summary.startswith("no ")
+        hop += summary_found(summary)
     return reads, first
 
 

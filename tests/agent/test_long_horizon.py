@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 
 from asearch.agent import AgentConfig, run_episode
+from asearch.agent.expert import NOT_FOUND, reading_plan_from_record, summary_found
 from asearch.corpus.types import Page
 from asearch.corpus.world import WorldCorpus
 from asearch.demo.presets import PRESETS
@@ -104,6 +105,33 @@ def test_the_experts_mistakes_lower_accuracy_but_leave_every_behaviour(long_worl
     correct = [exact_match(t.answer or "", r.golds[0]) for r, t in zip(records, trajs, strict=True)]
     assert 0.1 < sum(correct) / len(correct) < 0.8
     assert any(c and r.metadata["hops"] >= 4 for c, r in zip(correct, records, strict=True))
+
+
+def test_a_summary_names_the_key_first_found_or_not(long_world):
+    records, trajs, _ = run_expert(long_world, PERFECT, preset_agent(max_context_tokens=100_000))
+    summaries = [t.output_text.removesuffix("</summary>").strip() for traj in trajs for t in traj.turns if t.kind == "read"]
+    found = [s for s in summaries if summary_found(s)]
+    assert 0 < len(found) < len(summaries)
+    keys = {k for r in records for k in reading_plan_from_record(r.model_dump()).keys}
+    assert all(s.endswith(f" {NOT_FOUND}") and s.removesuffix(f" {NOT_FOUND}") in keys for s in summaries if s not in found)
+    assert sum(map(len, (reading_plan_from_record(r.model_dump()).keys for r in records))) == len(found)  # one per hop
+    assert not summary_found("employer none") and not summary_found("") and summary_found("employer Rurvin Partners")
+
+
+def test_skimming_episodes_never_read_past_a_first_chunk_and_the_rest_read_to_the_line(long_world):
+    records, trajs, engine = run_expert(long_world, ExpertMistakes(p_skip=0.0, reading=True, p_stop=0.0, p_distract=0.0, p_skim=0.6), preset_agent(max_context_tokens=100_000))
+    expert = engine.policy
+    skims = [expert.skims(r.question) for r in records]
+    assert 0.4 < sum(skims) / len(skims) < 0.8
+    for r, t, skim in zip(records, trajs, skims, strict=True):
+        right = exact_match(t.answer or "", r.golds[0])
+        if skim:  # one chunk per page opened: as many accesses as searches
+            assert t.counters["accesses"] == t.counters["searches"]
+        else:
+            assert right
+    reads_on = [t.counters["accesses"] > t.counters["searches"] for t, skim in zip(trajs, skims, strict=True) if not skim]
+    assert any(reads_on)  # the patient episodes open later chunks
+    assert not all(exact_match(t.answer or "", r.golds[0]) for r, t in zip(records, trajs, strict=True))
 
 
 def test_every_turn_the_trainer_sees_is_the_prompt_the_model_saw(long_world):

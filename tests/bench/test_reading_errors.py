@@ -26,9 +26,9 @@ CHUNK = "[page 1/3 of https://world.example/wiki/Vokim_Institute]\nVokim Institu
 def test_each_reading_class():
     classify = _module().classify
     assert classify("headquarters Vainny", CHUNK, "headquarters", "Vainny") == "found"
-    assert classify("no headquarters", CHUNK, "headquarters", "Vainny") == "missed line"
+    assert classify("headquarters none", CHUNK, "headquarters", "Vainny") == "missed line"
     assert classify("headquarters Gainnik", CHUNK, "headquarters", "Vainny") == "wrong value on line"
-    assert classify("no founder", CHUNK, "founder", "Ada Varn") == "no line: said no"
+    assert classify("founder none", CHUNK, "founder", "Ada Varn") == "no line: said no"
     assert classify("founder Gainnik", CHUNK, "founder", "Ada Varn") == "no line: invented"
 
 
@@ -38,7 +38,7 @@ def test_an_episodes_first_mistake_and_hops():
         Turn(kind="act", output_text="<access>u</access>", action="access", observation=CHUNK),
         Turn(kind="read", output_text=" headquarters Vainny</summary>"),
         Turn(kind="act", output_text="<access>v</access>", action="access", observation="[page 1/2 of v]\ncapital Oslen"),
-        Turn(kind="read", output_text=" no capital</summary>"),
+        Turn(kind="read", output_text=" capital none</summary>"),
         Turn(kind="act", output_text="<answer>Vainny</answer>", action="answer"),
     ]
     traj = Trajectory(id="t", question="q", style="search-r1", action_tags=[], turns=turns)

@@ -127,6 +127,27 @@ def test_forward_walks_and_entity_answers_are_drawn_not_filtered_after(world: Wo
     assert any(q.path[-1] not in RELATIONS for q in forward)  # attribute answers stay without entity_answers
 
 
+def test_keys_phrasing_words_every_hop_with_the_key_its_page_states(world: WorldCorpus):
+    """`phrasing="keys"`: "What is the capital of the country of the birthplace of X?", the keys in walk order
+    from the inside out, each the key of the statement the hop's page holds; the answers are the walks' own."""
+    with pytest.raises(ValueError, match="pages=facts or long"):
+        generate_questions(world, 5, phrasing="keys")  # prose pages state facts in sentences, not under keys
+    world = WorldCorpus(seed=2, pages="long")
+    keyed = generate_questions(world, 120, hops=(1, 2, 3, 4), seed=1, forward_only=True, entity_answers=True, phrasing="keys")
+    assert Counter(q.hops for q in keyed) == {1: 30, 2: 30, 3: 30, 4: 30}
+    for q in keyed:
+        keys = [e.statement[: -len(str(e.value))].strip() for e in q.evidence]
+        inner = " of ".join(f"the {k}" for k in reversed(keys[:-1]))
+        said = {f"What is the {keys[-1]} of {inner + ' of ' if inner else ''}{s}?" for s in (q.subject, f"the {q.subject}")}
+        assert q.question in said  # an event is "the X Cup"
+        assert all(e.statement in world.page(e.url).contents.splitlines() for e in q.evidence)  # `key value` lines
+        assert follow_path(world.graph, q.subject, q.path) and q.answer == q.evidence[-1].value
+    natural = generate_questions(world, 120, hops=(1, 2, 3, 4), seed=1, forward_only=True, entity_answers=True)
+    assert sum(q.question.startswith("What is the ") for q in natural) < len(natural) / 2
+    with pytest.raises(ValueError, match="phrasing"):
+        generate_questions(world, 5, phrasing="plain")
+
+
 def test_too_many_questions_for_a_small_world_is_an_error():
     tiny = WorldCorpus(seed=4, n_entities=100)
     with pytest.raises(ValueError, match="distinct 1-hop questions"):

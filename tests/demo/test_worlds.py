@@ -14,6 +14,7 @@ from asearch.demo.worlds import (
     prepare_world,
     spread,
     worker_pool,
+    world_records,
 )
 from asearch.tools import ToolsConfig
 
@@ -60,3 +61,23 @@ def test_two_worker_processes_give_what_one_process_gives(tmp_path, monkeypatch)
     assert flat(in_workers) == flat(here) and all(sum(m) for _, m in flat(here))
     searched = [tok.decode(s.token_ids) for ep in here[0] for s in ep]
     assert all("<search>" in t and "<answer>" in t for t in searched)  # the expert searched, then answered
+
+
+def test_the_tokenizer_of_the_long_preset_sees_whole_expert_episodes() -> None:
+    """The tokenizer is fitted on expert episodes spelled byte by byte: they must run to their answers (a url
+    spelled in bytes outgrew an action's token budget and cut every episode at its first `access`)."""
+    from asearch.config import load_config
+    from asearch.demo.pipeline import DemoConfig, _episode_texts, _Layout, _tools_over, _world
+    from asearch.demo.presets import preset
+    from asearch.tools import ensure_index
+
+    cfg = load_config(DemoConfig, None, ["world_entities=300"], base=preset("long"))
+    layout = _Layout.of(cfg)
+    seed = layout.tokenizer_seeds[0]
+    records = world_records(seed, 300, 12, cfg.hops, "t", cfg.names, cfg.pages, True)
+    tools = _tools_over(cfg, seed)
+    ensure_index(tools.corpus or "", tools.build, progress=False)
+    texts = _episode_texts(_world(cfg, seed, 300), records, cfg, layout)
+    episodes = [t for t in texts if "Question:" in t]
+    assert len(episodes) == len(records)
+    assert all(t.rstrip().endswith("</answer>") and "</access>" in t and "</summary>" in t for t in episodes)

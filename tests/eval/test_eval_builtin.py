@@ -30,6 +30,7 @@ def test_spec_parsing():
     assert parse_builtin_spec("world:hops=3+1") == WorldSetSpec(hops=(1, 3))
     assert parse_builtin_spec("world:seed=3,names=9") == WorldSetSpec(seed=3, names=9)
     assert parse_builtin_spec("world:forward=1,answers=entity") == WorldSetSpec(forward=True, answers="entity")
+    assert parse_builtin_spec("world:phrasing=keys") == WorldSetSpec(phrasing="keys")
     assert parse_builtin_spec("wiki10k") == Wiki10kSetSpec()
     assert parse_builtin_spec("wiki10k:n=50,seed=2") == Wiki10kSetSpec(n=50, seed=2)
     for bad, msg in [
@@ -40,6 +41,7 @@ def test_spec_parsing():
         ("wiki10k:n=0", "n must be >= 1"),
         ("world:answers=year", "answers='year' must be 'any' or 'entity'"),
         ("world:forward=yes", "forward='yes' must be 0 or 1"),
+        ("world:phrasing=plain", "phrasing='plain' must be 'natural' or 'keys'"),
         ("wiki10k:hops=2", "bad option"),
     ]:
         with pytest.raises(AsearchError, match=msg):

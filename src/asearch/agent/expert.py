@@ -106,6 +106,17 @@ _RESULT = re.compile(r"^\[Doc \d+\]\((\S+)\) (.+?) : ", re.M)
 _MARKER = re.compile(r"\[page (\d+)/(\d+) of (\S+)\]")
 
 
+# A reading turn's summary is `key value` when the chunk holds the asked line, `key none` when it does not:
+# the key comes first either way, so the model writes what it looks for before it decides whether it is there.
+NOT_FOUND = "none"
+
+
+def summary_found(summary: str) -> bool:
+    """Whether a summary's text (`employer Rurvin Partners` or `employer none`) reports the asked line."""
+    words = summary.split()
+    return len(words) >= 2 and words[-1] != NOT_FOUND
+
+
 @dataclass(frozen=True)
 class ReadingPlan:
     """The hops of one question on long pages: the subject to search first, and the key word of the line
@@ -124,21 +135,28 @@ def reading_plan_from_record(record: Mapping[str, Any]) -> ReadingPlan:
 class ReadingExpert:
     """Policy(prompt text) -> next model output, as ASearcher's agent works on long pages: search the hop's
     entity, open the result titled with it, read the page chunk by chunk writing a `<summary>` of each (the
-    asked line, or `no <key>`), open the next chunk until the line is found, then the next hop, then answer.
+    asked line, or `<key> none`), open the next chunk until the line is found, then the next hop, then answer.
 
     It reads its state off the prompt, its own summaries included (old chunks may have been cut from the
     context), so it works the same after compaction. Its mistakes leave the right behaviour reachable:
     `p_skip` answers a middle hop's value as if it were the last, `p_stop` stops reading a page whose line
     it has not found yet and guesses a name from the chunk, `p_distract` summarises another line's name as
-    the asked one when the chunk lacks it. Choices depend on (seed, prompt) only."""
+    the asked one when the chunk lacks it, and `p_skim` makes a whole episode impatient: it never opens a
+    page's next chunk and guesses instead (a short-horizon agent, the habit RL has to break; the other
+    episodes read every page to its line, so SFT still sees whole long chains). Choices depend on
+    (seed, prompt) only, and the skim choice on (seed, question)."""
 
     def __init__(self, plans: Mapping[str, ReadingPlan], *, p_skip: float = 0.1, p_stop: float = 0.1,
-                 p_distract: float = 0.1, seed: int = 0):  # fmt: skip
+                 p_distract: float = 0.1, p_skim: float = 0.0, seed: int = 0):  # fmt: skip
         self.plans, self.seed = dict(plans), seed
-        self.p_skip, self.p_stop, self.p_distract = p_skip, p_stop, p_distract
+        self.p_skip, self.p_stop, self.p_distract, self.p_skim = p_skip, p_stop, p_distract, p_skim
 
     def _rng(self, prompt: str) -> random.Random:
         return random.Random(int(hashlib.sha256(f"{self.seed}|{prompt}".encode()).hexdigest()[:16], 16))
+
+    def skims(self, question: str) -> bool:
+        """Whether the episode of `question` is an impatient one (`p_skim`)."""
+        return self.p_skim > 0 and self._rng(f"skim|{question}").random() < self.p_skim
 
     def __call__(self, prompt: str) -> str:
         plan = self.plans.get(_question_of(prompt))
@@ -146,7 +164,7 @@ class ReadingExpert:
             return act("answer", "unknown")
         rng = self._rng(prompt)
         events = [(m.group(1) or "summary", m.group(2) if m.group(1) else m.group(3)) for m in _ACTION.finditer(prompt)]
-        hop = sum(1 for kind, text in events if kind == "summary" and not text.startswith("no "))
+        hop = sum(1 for kind, text in events if kind == "summary" and summary_found(text))
         tail = prompt.split("<information>")[-1] if "<information>" in prompt else ""
         if prompt.endswith("<summary>"):
             return self._summary(plan.keys[min(hop, len(plan.keys) - 1)], tail, rng)
@@ -155,9 +173,9 @@ class ReadingExpert:
         kind, text = events[-1]
         if kind == "search":
             return self._open_result(text, tail)
-        if kind == "summary" and text.startswith("no "):
+        if kind == "summary" and not summary_found(text):
             last_url = next((arg for k, arg in reversed(events) if k == "access"), "")
-            return self._read_on(tail, last_url.strip(), rng)
+            return self._read_on(tail, last_url.strip(), rng, skim=self.skims(_question_of(prompt)))
         if kind == "summary":
             value = text.split(" ", len(plan.keys[hop - 1].split()))[-1]
             if hop >= len(plan.keys) or rng.random() < self.p_skip:
@@ -175,7 +193,7 @@ class ReadingExpert:
         if others and rng.random() < self.p_distract:
             name = others[rng.randrange(len(others))].split(" ", 1)[1]
             return f" {key} {name}</summary>"
-        return f" no {key}</summary>"
+        return f" {key} {NOT_FOUND}</summary>"
 
     def _open_result(self, query: str, results: str) -> str:
         """Open the result titled exactly as the entity searched for."""
@@ -184,13 +202,13 @@ class ReadingExpert:
                 return act("access", url)
         return act("answer", "unknown")
 
-    def _read_on(self, chunk: str, url: str, rng: random.Random) -> str:
+    def _read_on(self, chunk: str, url: str, rng: random.Random, *, skim: bool = False) -> str:
         """After a chunk without the asked line: open the page's next chunk (or, the mistake, guess). The
         chunk's marker says whether one is left; a chunk already cut from the context has none (go on)."""
         marker = _MARKER.search(chunk)
         if marker is not None and int(marker.group(1)) >= int(marker.group(2)) or not url:
             return act("answer", "unknown")
-        if rng.random() < self.p_stop:
+        if skim or rng.random() < self.p_stop:
             names = _NAME.findall(chunk.split("\n", 2)[-1])
             return act("answer", rng.choice(names) if names else "unknown")
         return act("access", url)

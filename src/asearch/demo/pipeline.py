@@ -112,6 +112,12 @@ class DemoConfig(Config):
         "docs/world.md); None: each world its own names, so held-out names are words never seen.",
     )
     hops: tuple[int, ...] = Field((1, 2, 3), description="Hop counts of the questions, equally many of each.")
+    phrasing: Literal["natural", "keys"] = Field(
+        "natural",
+        description="How questions word their relations: 'natural' (several wordings, idioms such as \"the country "
+        "where X was born\") or 'keys' (each hop worded with the key its page states the fact under: \"the "
+        "birthplace of X\"; the long preset, whose model must name the key it looks for on every page, docs/demo.md).",
+    )
     name_answers: bool = Field(
         True,
         description="Ask only questions whose answer is an entity (a name): the tiny model does not learn to copy "
@@ -179,6 +185,11 @@ class DemoConfig(Config):
     p_distract: float = Field(
         0.1, description="pages=long: the reading expert summarises another line's name as the asked one, when "
         "the chunk lacks it, with this probability.",
+    )
+    p_skim: float = Field(
+        0.0, description="pages=long: the share of expert episodes that never read past a page's first chunk "
+        "(guessing a name when the asked line is not in it): the greedy start then stops reading early, the "
+        "habit RL learns to break, while the other episodes read every page to its line (docs/demo.md).",
     )
     max_positions: int = Field(1024, ge=64, description="Positions of the tiny Qwen2 (the longest context it can see).")
     attention: Literal["eager", "sdpa"] = Field(
@@ -269,7 +280,14 @@ def _episode_texts(corpus, records, cfg: DemoConfig, layout: _Layout) -> list[st
 
     byte_tokenizer = train_bpe_tokenizer([], vocab_size=300)
     tools = build_tools(_tools_over(cfg, corpus.seed), progress=False)
-    return _expert_texts(byte_tokenizer, records, tools, layout.agent, cfg) + [page.contents for page in corpus.pages()]
+    return _expert_texts(byte_tokenizer, records, tools, _byte_budgets(layout.agent), cfg) + [page.contents for page in corpus.pages()]
+
+
+def _byte_budgets(agent: AgentConfig) -> AgentConfig:
+    """`agent` with token budgets a byte tokenizer cannot run out of: a url spelled byte by byte is longer than
+    an action's budget in model tokens, which cut every episode at its first `access`."""
+    style = {**agent.style_options, "read_max_new_tokens": 4096, "act_max_new_tokens": 4096}
+    return agent.model_copy(update={"max_new_tokens": 4096, "max_context_tokens": 1_000_000, "style_options": style})
 
 
 def _tools_over(cfg: DemoConfig, seed: int) -> ToolsConfig:
@@ -337,7 +355,7 @@ def _heldout_seed(cfg: DemoConfig) -> int:
 def _mistakes(cfg: DemoConfig) -> ExpertMistakes:
     return ExpertMistakes(
         p_skip=cfg.p_skip, p_wrong=cfg.p_wrong, skip_at=cfg.skip_at, reading=cfg.pages == "long",
-        p_stop=cfg.p_stop, p_distract=cfg.p_distract,
+        p_stop=cfg.p_stop, p_distract=cfg.p_distract, p_skim=cfg.p_skim,
     )  # fmt: skip
 
 
@@ -437,7 +455,7 @@ def _supervised_start(cfg: DemoConfig, layout: _Layout, run: RunDir, log) -> dic
     heldout_name = layout.heldout_tools.corpus
     log(f"[1/6] worlds: {cfg.train_worlds} for training ({layout.train_tools[0].corpus}, ...), held-out {heldout_name}")
     job = lambda seed, entities, n, dataset, tools, name_answers=cfg.name_answers: WorldJob(  # noqa: E731
-        seed, entities, n, cfg.hops, dataset, cfg.names, cfg.pages, name_answers, tools
+        seed, entities, n, cfg.hops, dataset, cfg.names, cfg.pages, name_answers, tools, cfg.phrasing
     )
     jobs = [job(seed, cfg.world_entities, cfg.train_questions + cfg.rl_questions, "world-train", tc) for seed, tc in zip(layout.train_seeds, layout.train_tools, strict=True)]
     jobs.append(job(layout.heldout_seed, cfg.heldout_entities, cfg.heldout_questions, "world-heldout", layout.heldout_tools))
@@ -472,7 +490,7 @@ def _supervised_start(cfg: DemoConfig, layout: _Layout, run: RunDir, log) -> dic
         elif cfg.tokenizer == "word":  # the training worlds' own words (the shared name pool, the page keys) and
             # the loop's exact texts: expert episodes through it with a byte tokenizer (no merges: nothing to fit)
             byte_tok = train_bpe_tokenizer([], vocab_size=300)
-            texts = _expert_texts(byte_tok, per_world[0][:300], build_tools(layout.train_tools[0], progress=False), layout.agent, cfg)
+            texts = _expert_texts(byte_tok, per_world[0][:300], build_tools(layout.train_tools[0], progress=False), _byte_budgets(layout.agent), cfg)
             tokenizer = train_word_tokenizer(
                 itertools.chain(
                     texts,

@@ -50,15 +50,16 @@ def worker_pool(workers: int) -> Iterator[Mapper]:
 
 def world_records(
     seed: int, entities: int, n: int, hops: tuple[int, ...], dataset: str, names: int | None = None,
-    pages: str = "prose", name_answers: bool = False,
+    pages: str = "prose", name_answers: bool = False, phrasing: str = "natural",
 ) -> list[QARecord]:  # fmt: skip
     """`n` questions of world `seed` whose hops only go forward (the expert walks them page by page), split
-    evenly over `hops` and ordered by hop count; with `name_answers`, only those answered by an entity."""
+    evenly over `hops` and ordered by hop count; with `name_answers`, only those answered by an entity;
+    `phrasing` as `generate_questions`'s."""
     from asearch.eval.builtin import WorldSetSpec, world_questions
 
     spec = WorldSetSpec(
         seed=seed, n=n, hops=hops, entities=entities, names=names, pages=pages, forward=True,
-        answers="entity" if name_answers else "any",
+        answers="entity" if name_answers else "any", phrasing=phrasing,
     )  # fmt: skip
     records = world_questions(spec, dataset=dataset)
     return [r for h in hops for r in records if r.metadata["hops"] == h]
@@ -77,10 +78,11 @@ class WorldJob:
     pages: str
     name_answers: bool
     tools: ToolsConfig | None  # build the index these tools search (None: questions only)
+    phrasing: str = "natural"
 
 
 def prepare_world(job: WorldJob) -> list[QARecord]:
-    records = world_records(job.seed, job.entities, job.n, job.hops, job.dataset, job.names, job.pages, job.name_answers)
+    records = world_records(job.seed, job.entities, job.n, job.hops, job.dataset, job.names, job.pages, job.name_answers, job.phrasing)
     if job.tools is not None:
         ensure_index(job.tools.corpus or "", job.tools.build, progress=False)
     return records
@@ -113,6 +115,7 @@ class ExpertMistakes:
     reading: bool = False
     p_stop: float = 0.1
     p_distract: float = 0.1
+    p_skim: float = 0.0
 
 
 def expert_engine(tokenizer: Any, records: Sequence[QARecord], mistakes: ExpertMistakes, seed: int) -> ScriptedEngine:
@@ -122,7 +125,7 @@ def expert_engine(tokenizer: Any, records: Sequence[QARecord], mistakes: ExpertM
     m = mistakes
     if m.reading:
         plans = {r.question: reading_plan_from_record(r.model_dump()) for r in records}
-        return ScriptedEngine(tokenizer, ReadingExpert(plans, p_skip=m.p_skip, p_stop=m.p_stop, p_distract=m.p_distract, seed=seed))
+        return ScriptedEngine(tokenizer, ReadingExpert(plans, p_skip=m.p_skip, p_stop=m.p_stop, p_distract=m.p_distract, p_skim=m.p_skim, seed=seed))
     world_plans = {r.question: plan_from_record(r.model_dump()) for r in records}
     return ScriptedEngine(tokenizer, WorldExpert(world_plans, p_skip=m.p_skip, p_wrong=m.p_wrong, seed=seed, skip_at=m.skip_at))
 

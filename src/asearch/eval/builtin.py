@@ -58,6 +58,7 @@ class WorldSetSpec:
     pages: str = "prose"  # page style of the world the questions are about ("facts": `key value` pages)
     forward: bool = False  # only walks without inverse steps (each hop reads its fact off the page it searched)
     answers: str = "any"  # "entity": only questions answered by an entity's name (no years, numbers, occupations)
+    phrasing: str = "natural"  # "keys": each forward step worded with its page's key ("the birthplace of X")
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def parse_builtin_spec(spec: str) -> WorldSetSpec | Wiki10kSetSpec:
     """`world:seed=7,hops=2` -> WorldSetSpec(seed=7, hops=(2,)); unknown keys name the valid ones."""
     kind, _, rest = spec.partition(":")
     valid = {
-        "world": ("seed", "n", "hops", "entities", "qseed", "names", "pages", "forward", "answers"),
+        "world": ("seed", "n", "hops", "entities", "qseed", "names", "pages", "forward", "answers", "phrasing"),
         "wiki10k": ("n", "seed"),
     }
     if kind not in valid:
@@ -111,11 +112,13 @@ def parse_builtin_spec(spec: str) -> WorldSetSpec | Wiki10kSetSpec:
             )
         if key == "answers" and raw not in ("any", "entity"):
             raise AsearchError(f"dataset {spec!r}: answers={raw!r} must be 'any' or 'entity'")
+        if key == "phrasing" and raw not in ("natural", "keys"):
+            raise AsearchError(f"dataset {spec!r}: phrasing={raw!r} must be 'natural' or 'keys'")
         if key == "forward" and raw not in ("0", "1"):
             raise AsearchError(f"dataset {spec!r}: forward={raw!r} must be 0 or 1")
         if key == "hops":
             values[key] = _hops(spec, raw)
-        elif key in ("pages", "answers"):
+        elif key in ("pages", "answers", "phrasing"):
             values[key] = raw
         else:
             values[key] = bool(int(raw)) if key == "forward" else _int(spec, key, raw)
@@ -154,7 +157,8 @@ def world_questions(spec: WorldSetSpec = WorldSetSpec(), *, dataset: str = "worl
         raise AsearchError(f"dataset {dataset!r}: {e}") from None
     try:
         questions = generate_questions(
-            world, spec.n, hops=spec.hops, seed=spec.qseed, forward_only=spec.forward, entity_answers=spec.answers == "entity"
+            world, spec.n, hops=spec.hops, seed=spec.qseed, forward_only=spec.forward, entity_answers=spec.answers == "entity",
+            phrasing=spec.phrasing,
         )
     except ValueError as e:
         raise AsearchError(f"dataset {dataset!r}: {e}") from None

@@ -183,6 +183,7 @@ _QUESTION: dict[Any, tuple[str, ...]] = {
     ("location", "country"): ("In which country was {x} held?",),
 }
 CANDIDATES_PER_QUESTION = 4
+PHRASINGS = ("natural", "keys")
 # People are most of the world and the heart of the search task; other start types weigh 1.
 START_WEIGHTS = {"person": 3.0}
 
@@ -260,19 +261,28 @@ def generate_questions(
     *,
     forward_only: bool = False,
     entity_answers: bool = False,
+    phrasing: str = "natural",
 ) -> list[WorldQuestion]:
     """`n` questions split evenly over `hops` (earlier hop counts take the remainder), shuffled.
 
     `forward_only`: no inverse step (every hop reads a fact off the page of the entity it starts from);
     `entity_answers`: the answer is an entity (a name), not an attribute value such as a year. Walks that
     fail these are redrawn, so asking for them costs no more than asking for any question.
+    `phrasing`: "natural" (several wordings per relation, step pairs merged into idioms such as "the country
+    where X was born") or "keys" (every forward step worded with the key its page states the fact under:
+    "What is the capital of the country of the birthplace of X?", for agents that look the key up on a page;
+    pages=facts or long only, whose lines are `key value`).
     Raises ValueError when the world is too small to yield that many distinct questions.
     """
+    if phrasing not in PHRASINGS:
+        raise ValueError(f"phrasing must be one of {', '.join(PHRASINGS)}, got {phrasing!r}")
+    if phrasing == "keys" and world.page_style == "prose":
+        raise ValueError("phrasing 'keys' words questions with the keys of `key value` pages: use pages=facts or long")
     hop_counts = sorted(set(hops))
     if n < 0 or not hop_counts or any(h < 1 for h in hop_counts):
         raise ValueError(f"need n >= 0 and hop counts >= 1, got n={n}, hops={hop_counts}")
     rng = random.Random(f"asearch-world-questions/{world.seed}/{seed}")
-    maker = _QuestionMaker(world, rng, forward_only=forward_only, entity_answers=entity_answers)
+    maker = _QuestionMaker(world, rng, forward_only=forward_only, entity_answers=entity_answers, phrasing=phrasing)
     made: list[WorldQuestion] = []
     for i, k in enumerate(hop_counts):
         want = n // len(hop_counts) + (1 if i < n % len(hop_counts) else 0)
@@ -290,9 +300,12 @@ def generate_questions(
 
 
 class _QuestionMaker:
-    def __init__(self, world: WorldCorpus, rng: random.Random, *, forward_only: bool = False, entity_answers: bool = False):
+    def __init__(
+        self, world: WorldCorpus, rng: random.Random, *, forward_only: bool = False, entity_answers: bool = False,
+        phrasing: str = "natural",
+    ):  # fmt: skip
         self.world, self.graph, self.rng = world, world.graph, rng
-        self.forward_only, self.entity_answers = forward_only, entity_answers
+        self.forward_only, self.entity_answers, self.phrasing = forward_only, entity_answers, phrasing
         self.seen: set[tuple[str, tuple[str, ...]]] = set()  # (subject name, path) already asked
         self.final_counts: Counter[tuple[str, str]] = Counter()
         self.start_types = [t for t in (*FINAL_ATTRIBUTES, "country") if self.graph.entities(t)]
@@ -370,7 +383,8 @@ class _QuestionMaker:
         units: list[tuple[int, int]] = []
         i = 0
         while i < len(chain):
-            if i + 1 < len(chain) and (chain[i].key, chain[i + 1].key) in _MERGEABLE and rng.random() < 0.5:
+            mergeable = self.phrasing == "natural" and (chain[i].key, chain[i + 1].key if i + 1 < len(chain) else "") in _MERGEABLE
+            if mergeable and rng.random() < 0.5:
                 units.append((i, 2))
                 i += 2
             else:
@@ -389,6 +403,9 @@ class _QuestionMaker:
                 # "when was the headquarters of X founded" would read as the organisation's founding
                 if chain[i + width].key == "founded":
                     templates = [t for t in templates if not t.startswith("the headquarters")]
+            if self.phrasing == "keys" and not chain[i].inverse:
+                key = self._page_key(chain[i])
+                templates = [f"What is the {key} of {{x}}?" if j == len(units) - 1 else f"the {key} of {{x}}"]
             phrase = self._fill(self.rng.choice(templates), chain[i + width - 1], phrase)
         text = phrase[0].upper() + phrase[1:]
         if self._leaks(answer, text):
@@ -423,6 +440,11 @@ class _QuestionMaker:
         if key.startswith(("~founder", "~capital", "~winner")):
             key = key.split(":")[0]
         return list(table.get((key, subject_type), table.get(key, ())))
+
+    def _page_key(self, hop: _Hop) -> str:
+        """The key a page states this forward step's fact under (`birthplace` for born_in)."""
+        evidence = self._evidence(hop)
+        return evidence.statement[: -len(str(evidence.value))].strip()
 
     def _fill(self, template: str, hop: _Hop, inner: str) -> str:
         result = self.graph.get(hop.value) if isinstance(hop.value, str) and hop.value in self.graph else None
