@@ -383,8 +383,8 @@ class _QuestionMaker:
         units: list[tuple[int, int]] = []
         i = 0
         while i < len(chain):
-            mergeable = self.phrasing == "natural" and (chain[i].key, chain[i + 1].key if i + 1 < len(chain) else "") in _MERGEABLE
-            if mergeable and rng.random() < 0.5:
+            pair = (chain[i].key, chain[i + 1].key) if i + 1 < len(chain) else None
+            if self.phrasing == "natural" and pair in _MERGEABLE and rng.random() < 0.5:
                 units.append((i, 2))
                 i += 2
             else:
