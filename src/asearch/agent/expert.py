@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from asearch.corpus.world.questions import statement_key
+
 _NAME = re.compile(r"\b[A-Z][a-z]+(?: [A-Z][a-z]+)*\b")
 
 # The prompt format the expert reads (style options of the `search-r1` style): no system prompt, the question
@@ -129,7 +131,7 @@ class ReadingPlan:
 def reading_plan_from_record(record: Mapping[str, Any]) -> ReadingPlan:
     """A question's plan from its evidence: each statement is `key value`, so the key is what precedes the value."""
     ev = record["metadata"]["evidence"]
-    return ReadingPlan(ev[0]["entity"], tuple(e["statement"][: -len(str(e["value"]))].strip() for e in ev))
+    return ReadingPlan(ev[0]["entity"], tuple(statement_key(e["statement"], e["value"]) for e in ev))
 
 
 class ReadingExpert:

@@ -95,6 +95,8 @@ def _hops(spec: str, raw: str) -> tuple[int, ...]:
 
 def parse_builtin_spec(spec: str) -> WorldSetSpec | Wiki10kSetSpec:
     """`world:seed=7,hops=2` -> WorldSetSpec(seed=7, hops=(2,)); unknown keys name the valid ones."""
+    from asearch.corpus.world.questions import PHRASINGS
+
     kind, _, rest = spec.partition(":")
     valid = {
         "world": ("seed", "n", "hops", "entities", "qseed", "names", "pages", "forward", "answers", "phrasing"),
@@ -112,8 +114,8 @@ def parse_builtin_spec(spec: str) -> WorldSetSpec | Wiki10kSetSpec:
             )
         if key == "answers" and raw not in ("any", "entity"):
             raise AsearchError(f"dataset {spec!r}: answers={raw!r} must be 'any' or 'entity'")
-        if key == "phrasing" and raw not in ("natural", "keys"):
-            raise AsearchError(f"dataset {spec!r}: phrasing={raw!r} must be 'natural' or 'keys'")
+        if key == "phrasing" and raw not in PHRASINGS:
+            raise AsearchError(f"dataset {spec!r}: phrasing={raw!r} must be {' or '.join(map(repr, PHRASINGS))}")
         if key == "forward" and raw not in ("0", "1"):
             raise AsearchError(f"dataset {spec!r}: forward={raw!r} must be 0 or 1")
         if key == "hops":

@@ -184,6 +184,11 @@ _QUESTION: dict[Any, tuple[str, ...]] = {
 }
 CANDIDATES_PER_QUESTION = 4
 PHRASINGS = ("natural", "keys")
+
+
+def statement_key(statement: str, value: str | int) -> str:
+    """The key of a facts or long page's `key value` statement (`alma mater` of `alma mater Lesarn Institute`)."""
+    return statement[: -len(str(value))].strip()
 # People are most of the world and the heart of the search task; other start types weigh 1.
 START_WEIGHTS = {"person": 3.0}
 
@@ -444,7 +449,7 @@ class _QuestionMaker:
     def _page_key(self, hop: _Hop) -> str:
         """The key a page states this forward step's fact under (`birthplace` for born_in)."""
         evidence = self._evidence(hop)
-        return evidence.statement[: -len(str(evidence.value))].strip()
+        return statement_key(evidence.statement, evidence.value)
 
     def _fill(self, template: str, hop: _Hop, inner: str) -> str:
         result = self.graph.get(hop.value) if isinstance(hop.value, str) and hop.value in self.graph else None
