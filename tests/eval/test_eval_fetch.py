@@ -216,6 +216,25 @@ def test_converter_errors_name_source_row_and_column():
         convert_rows("squad", [])
 
 
+def test_local_table_that_is_not_utf8_names_its_line(tmp_path):
+    """A tsv saved in Latin-1 (a spreadsheet's default) is an error naming the line and byte, not a traceback;
+    a UTF-8 BOM is not part of the first column's name."""
+    good = fixture_frames(tmp_path)
+    lines = good.read_bytes().splitlines(keepends=True)
+    latin = tmp_path / "latin" / "test.tsv"
+    latin.parent.mkdir()
+    latin.write_bytes(lines[0] + lines[1].replace("wife".encode(), "wîfe".encode("latin-1")))
+    with pytest.raises(DataFormatError, match=r"test\.tsv:2: byte 0xee at column \d+ is not UTF-8") as e:
+        fetch_dataset("frames", tmp_path / "data", source_file=latin)
+    assert e.value.line == 2
+    bom = tmp_path / "bom" / "test.tsv"
+    bom.parent.mkdir()
+    prompt_first = [{"Prompt": row["Prompt"], **row} for row in csv.DictReader(good.open(newline=""), delimiter="\t")]
+    bom.write_bytes(b"\xef\xbb\xbf" + table(tmp_path / "bom" / "plain.tsv", prompt_first, "\t").read_bytes())
+    (record,) = load_dataset(fetch_dataset("frames", tmp_path / "bom-out", source_file=bom).path)
+    assert record.golds == ["Jane Ballou"]
+
+
 def test_download_without_the_datasets_library_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets -> ImportError
     with pytest.raises(AsearchError, match="pip install datasets") as e:

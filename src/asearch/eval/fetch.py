@@ -322,11 +322,25 @@ def _local_rows(path: Path) -> Iterator[Mapping[str, Any]]:
     if not path.is_file():
         raise AsearchError(f"{path}: file not found")
     if path.suffix in (".tsv", ".csv"):
-        with open(path, newline="", encoding="utf-8") as f:
-            yield from csv.DictReader(f, delimiter="\t" if path.suffix == ".tsv" else ",")
+        reader = csv.DictReader(_utf8_lines(path), delimiter="\t" if path.suffix == ".tsv" else ",")
+        try:
+            yield from reader
+        except csv.Error as e:
+            raise DataFormatError(path, reader.line_num, None, f"not a readable {path.suffix[1:]} row: {e}") from None
     else:
         for _, row in iter_rows(path):
             yield row
+
+
+def _utf8_lines(path: Path) -> Iterator[str]:
+    """The file's lines decoded one by one, so a byte that is not UTF-8 is reported at its own line."""
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                yield raw.decode("utf-8-sig" if number == 1 else "utf-8")  # a spreadsheet's BOM is not a column name
+            except UnicodeDecodeError as e:
+                problem = f"byte {raw[e.start]:#04x} at column {e.start + 1} is not UTF-8 (save the file as UTF-8)"
+                raise DataFormatError(path, number, None, problem) from None
 
 
 def _download(spec: FetchSpec) -> Iterator[Mapping[str, Any]]:
