@@ -54,6 +54,15 @@ def test_faulted_episodes_leave_the_group_whatever_their_reward() -> None:
     assert not ctl.rejected
 
 
+def test_masked_counts_survive_a_checkpoint() -> None:
+    """A resumed run's rollout/masked_episodes go on from the checkpoint's, not from zero."""
+    ctl, _ = _one_group({1: {"timeout": 1}, 3: {"remote": 2, "garbage": 1}}, [0.0, 1.0, 1.0, 1.0])
+    state = json.loads(json.dumps(ctl.state_dict()))
+    resumed = RolloutController(ctl.cfg, iter([]), ctl.run_episode, **RolloutController.restore_parts(state))
+    assert resumed.masked_episodes == 2
+    assert resumed.masked_by_kind == Counter({"timeout": 1, "remote": 1, "garbage": 1})
+
+
 def test_a_group_left_with_one_clean_episode_is_rejected_as_infra_fault() -> None:
     ctl, batch = _one_group({0: {"remote": 1}, 1: {"remote": 1}, 2: {"timeout": 1}}, [1.0, 0.0, 1.0, 0.0])
     assert batch is None  # the only prompt's group was rejected: the data ran out

@@ -102,6 +102,7 @@ class RolloutController:
         rejected: dict[str, int] | None = None,
         data_position: int = 0,
         episodes: dict[str, int] | None = None,
+        masked: dict[str, Any] | None = None,
         sampler_state: dict[str, Any] | None = None,
         seed: int = 0,
     ):
@@ -113,8 +114,8 @@ class RolloutController:
         self.inflight: dict[int, tuple[Group, asyncio.Task]] = {}
         self.rejected: Counter[str] = Counter(rejected or {})
         self.errors: list[str] = []
-        self.masked_episodes = 0  # episodes that met an infrastructure fault, left out of their group
-        self.masked_by_kind: Counter[str] = Counter()  # those episodes by the fault kinds they met
+        self.masked_episodes = (masked or {}).get("episodes", 0)  # met an infrastructure fault, left out of their group
+        self.masked_by_kind: Counter[str] = Counter((masked or {}).get("by_kind", {}))  # by the fault kinds they met
         # every episode that finished (probes and rejected groups' included), and those in groups kept for
         # training (un-counted if they go stale in the queue)
         queued = sum(len(g.trajectories) for g in self.ready)  # a checkpoint from before these counters: its queue
@@ -315,6 +316,7 @@ class RolloutController:
             + self.redo,
             "rejected": dict(self.rejected),
             "episodes": {"generated": self.episodes_generated, "kept": self.episodes_kept},
+            "masked": {"episodes": self.masked_episodes, "by_kind": dict(self.masked_by_kind)},
             "data_position": self.data_position,
             "sampler_state": self.sampler.state_dict() if self.sampler is not None else None,
         }
@@ -340,6 +342,7 @@ class RolloutController:
             "redo": [tuple(x) for x in state["redo"]],
             "rejected": state.get("rejected", {}),
             "episodes": state.get("episodes"),
+            "masked": state.get("masked"),
             "data_position": state["data_position"],
             "sampler_state": state.get("sampler_state"),
         }
