@@ -167,3 +167,23 @@ def test_the_demo_trains_a_given_pretrained_model_with_lora(tmp_path: Path, save
     (ckpt,) = [p for p in sorted((out / "rl" / "checkpoints").glob("step_*"))][-1:]
     state = torch.load(ckpt / "trainer.pt", map_location="cpu", weights_only=False)
     assert state["model"] and all("lora_" in k for k in state["model"])
+
+
+def test_a_run_directory_resumes_only_under_its_own_settings(tmp_path: Path) -> None:
+    """A setting added since the run started is taken at its default; a changed or unknown one refuses,
+    naming the key."""
+    import yaml
+
+    from asearch.demo.pipeline import DemoConfig, _check_resumable
+    from asearch.errors import ConfigError
+
+    cfg = DemoConfig(out=tmp_path)
+    dump = cfg.model_dump(mode="json")
+    del dump["phrasing"], dump["rl"]["agent"]["stop_repeats"]  # as written before these settings existed
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(dump))
+    _check_resumable(tmp_path, cfg)
+    with pytest.raises(ConfigError, match=r"phrasing: 'natural' -> 'keys'"):
+        _check_resumable(tmp_path, cfg.model_copy(update={"phrasing": "keys"}))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({**dump, "renamed_setting": 3}))
+    with pytest.raises(ConfigError, match=r"renamed_setting: 3 -> None"):
+        _check_resumable(tmp_path, cfg)

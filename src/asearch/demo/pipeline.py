@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from asearch.agent.expert import WORLD_STYLE
 from asearch.agent.loop import AgentConfig
@@ -563,6 +563,10 @@ def _check_resumable(out: Path, cfg: DemoConfig) -> None:
 
     old = yaml.safe_load(saved.read_text()) or {}
     new = cfg.model_dump(mode="json")
+    try:  # a setting added since the run started is compared at its default, which keeps the old behaviour
+        old = type(cfg).model_validate({**old, "out": cfg.out}).model_dump(mode="json")
+    except ValidationError:
+        pass  # a setting since removed or renamed: the raw comparison below names it
     diff = [d for d in _differences(old, new) if d[0] != "out"]
     if diff:
         raise ConfigError(
