@@ -67,15 +67,19 @@ class TrainerRankActor:
         self.rank, self.world_size, self.threads = rank, world_size, threads
 
     def address(self, bind: str) -> tuple[str, int]:
-        """Where rank 0 hosts the process group's rendezvous: loopback (one machine) or this node's IP."""
+        """Where rank 0 hosts the process group's rendezvous: loopback (one machine) or this node's IP. The store
+        listens from here on, on a port the OS picked: a port only looked up as free could be taken before the
+        group forms (a Ray worker or a rollout server did, EADDRINUSE)."""
         import ray
+        import torch.distributed as dist
 
-        from asearch.net import free_port
-
-        return ("127.0.0.1" if bind == "loopback" else ray.util.get_node_ip_address()), free_port()
+        host = "127.0.0.1" if bind == "loopback" else ray.util.get_node_ip_address()
+        self.store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False)
+        return host, self.store.port
 
     def setup(self, master: tuple[str, int], model: str, trainer_cfg: Any, temperature: float, total_steps: int) -> int:
         import torch
+        import torch.distributed as dist
 
         from asearch.models.loading import load_model
         from asearch.rl.distributed import DistributedPolicyTrainer, init_distributed
@@ -85,7 +89,9 @@ class TrainerRankActor:
                           MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))  # fmt: skip
         torch.set_num_threads(self.threads)
         torch.manual_seed(0)  # the trainer's own seeded rng decides minibatches; this covers dropout etc.
-        env = init_distributed()
+        if self.rank != 0:  # a client of rank 0's store (env:// would prefix its keys differently)
+            self.store = dist.TCPStore(master[0], master[1], is_master=False)
+        env = init_distributed(store=self.store)
         self.trainer = DistributedPolicyTrainer(
             load_model(model), trainer_cfg, env=env, temperature=temperature, total_steps=total_steps
         )

@@ -45,21 +45,22 @@ class DistEnv:
         return self.rank == 0
 
 
-def init_distributed(backend: str | None = None) -> DistEnv:
+def init_distributed(backend: str | None = None, store: dist.Store | None = None) -> DistEnv:
     """Join (or create) the default process group from torchrun's environment variables.
 
     RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; without them, a group of one process on a
-    free local port. Backend: NCCL when CUDA is available (one GPU per process, cuda:LOCAL_RANK), else
-    gloo on CPU.
+    free local port. `store`: the rendezvous store (rank 0's, listening since its port was chosen, or a client
+    of it), used instead of MASTER_ADDR/MASTER_PORT; every rank must pass one or none. Backend: NCCL when CUDA is
+    available (one GPU per process, cuda:LOCAL_RANK), else gloo on CPU.
     """
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
-    if world_size == 1:
+    if world_size == 1 and store is None:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
     missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
-    if missing:
+    if missing and store is None:
         raise RuntimeError(f"WORLD_SIZE={world_size} but {', '.join(missing)} unset: launch with torchrun")
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     if backend == "nccl":
@@ -68,7 +69,8 @@ def init_distributed(backend: str | None = None) -> DistEnv:
     else:
         device = torch.device("cpu")
     if not dist.is_initialized():
-        dist.init_process_group(backend, rank=rank, world_size=world_size, init_method="env://")
+        rendezvous: dict[str, Any] = {"store": store} if store is not None else {"init_method": "env://"}
+        dist.init_process_group(backend, rank=rank, world_size=world_size, **rendezvous)
     return DistEnv(rank, world_size, local_rank, device)
 
 
