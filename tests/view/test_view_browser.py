@@ -32,6 +32,23 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def drawn(driver, css: str) -> dict | None:
+    """The first element matching `css` as {attribute: value}, read in one script call: the viewer redraws a
+    chart when rows arrive, so an element found in one WebDriver call can be gone by the next (stale)."""
+    return driver.execute_script(
+        "const e = document.querySelector(arguments[0]);"
+        "return e && Object.fromEntries([...e.attributes].map(a => [a.name, a.value]));",
+        css,
+    )
+
+
+def waiter(driver):
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, 20, ignored_exceptions=(StaleElementReferenceException,))
+
+
 @contextlib.contextmanager
 def chromium():
     from selenium import webdriver
@@ -52,7 +69,6 @@ def chromium():
 
 def test_viewer_in_headless_chromium(runs_root, tmp_path):
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     root = tmp_path / "runs"
     shutil.copytree(runs_root, root)  # the test appends a metric row while the page is open
@@ -61,11 +77,11 @@ def test_viewer_in_headless_chromium(runs_root, tmp_path):
     reward = 'figure.chart[data-title="Reward"] path.series[data-key="rollout/reward_mean"]'
 
     with serve_in_thread(create_app([root], ViewConfig(poll_s=0.25))) as url, chromium() as driver:
-        wait = WebDriverWait(driver, 20)
+        wait = waiter(driver)
         driver.get(url + "/")
-        path = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, reward))
-        assert int(path.get_attribute("data-points")) == 6  # one point per logged step
-        d = path.get_attribute("d")
+        path = wait.until(lambda d: drawn(d, reward))
+        assert int(path["data-points"]) == 6  # one point per logged step
+        d = path["d"]
         assert d.startswith("M") and d.count("L") == 5
         xs = [float(seg.split()[0]) for seg in d[1:].split("L")]
         assert xs == sorted(xs) and xs[0] < xs[-1]  # drawn left to right over the steps
@@ -83,7 +99,7 @@ def test_viewer_in_headless_chromium(runs_root, tmp_path):
 
         # live: a row appended by the trainer shows up without a reload
         RunDir(rl, tensorboard=False).log(7, {"rollout/reward_mean": 0.5, "rollout/accuracy": 0.5})
-        wait.until(lambda d: d.find_element(By.CSS_SELECTOR, reward).get_attribute("data-points") == "7")
+        wait.until(lambda d: (drawn(d, reward) or {}).get("data-points") == "7")
         driver.save_screenshot(str(tmp_path / "viewer.png"))
 
         # the trajectory browser: click the newest training trajectory and step through its turns
@@ -128,7 +144,6 @@ def test_viewer_on_a_real_train_run(tiny_world_model_dir, train_command, subproc
     import subprocess
 
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     run = tmp_path / "runs" / "train-tiny"
     done = subprocess.run(
@@ -138,10 +153,10 @@ def test_viewer_on_a_real_train_run(tiny_world_model_dir, train_command, subproc
     logged = [t for _, t in iter_jsonl(run / "trajectories.jsonl")]
     reward = 'figure.chart[data-title="Reward"] path.series[data-key="rollout/reward_mean"]'
     with serve_in_thread(create_app([run.parent], ViewConfig(poll_s=0.25))) as url, chromium() as driver:
-        wait = WebDriverWait(driver, 20)
+        wait = waiter(driver)
         driver.get(url + "/")
-        path = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, reward))
-        assert int(path.get_attribute("data-points")) == 4
+        path = wait.until(lambda d: drawn(d, reward))
+        assert int(path["data-points"]) == 4
         bands = driver.find_elements(By.CSS_SELECTOR, 'figure.chart[data-title="Tokens by versions behind"] path.band')
         assert len(bands) == 5 and driver.find_element(By.ID, "staleness").is_displayed()  # what the trainer logged
         driver.get(url + "/trajectories?run=train-tiny")
