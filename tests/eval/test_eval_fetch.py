@@ -224,7 +224,7 @@ def test_local_table_that_is_not_utf8_names_its_line(tmp_path):
     latin = tmp_path / "latin" / "test.tsv"
     latin.parent.mkdir()
     latin.write_bytes(lines[0] + lines[1].replace(b"wife", "wîfe".encode("latin-1")))
-    with pytest.raises(DataFormatError, match=r"test\.tsv:2: byte 0xee at column \d+ is not UTF-8") as e:
+    with pytest.raises(DataFormatError, match=r"test\.tsv:2: not UTF-8 text \(byte 0xee at byte \d+ of the file\)") as e:
         fetch_dataset("frames", tmp_path / "data", source_file=latin)
     assert e.value.line == 2
     bom = tmp_path / "bom" / "test.tsv"

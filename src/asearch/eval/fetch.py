@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import io
 import json
 import os
 from collections import Counter
@@ -21,7 +22,7 @@ from pydantic import ValidationError
 
 from asearch.errors import AsearchError, DataFormatError
 from asearch.eval.datasets import QARecord, iter_rows
-from asearch.files import atomic_write_json, write_jsonl
+from asearch.files import atomic_write_json, read_utf8_text, write_jsonl
 
 __all__ = ["FETCHABLE", "FetchResult", "FetchSpec", "SkipRow", "convert_rows", "fetch_dataset", "xor_decrypt"]
 
@@ -322,7 +323,8 @@ def _local_rows(path: Path) -> Iterator[Mapping[str, Any]]:
     if not path.is_file():
         raise AsearchError(f"{path}: file not found")
     if path.suffix in (".tsv", ".csv"):
-        reader = csv.DictReader(_utf8_lines(path), delimiter="\t" if path.suffix == ".tsv" else ",")
+        lines = io.StringIO(read_utf8_text(path), newline="")  # quoted fields may hold newlines
+        reader = csv.DictReader(lines, delimiter="\t" if path.suffix == ".tsv" else ",")
         try:
             yield from reader
         except csv.Error as e:
@@ -330,17 +332,6 @@ def _local_rows(path: Path) -> Iterator[Mapping[str, Any]]:
     else:
         for _, row in iter_rows(path):
             yield row
-
-
-def _utf8_lines(path: Path) -> Iterator[str]:
-    """The file's lines decoded one by one, so a byte that is not UTF-8 is reported at its own line."""
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
-            try:
-                yield raw.decode("utf-8-sig" if number == 1 else "utf-8")  # a spreadsheet's BOM is not a column name
-            except UnicodeDecodeError as e:
-                problem = f"byte {raw[e.start]:#04x} at column {e.start + 1} is not UTF-8 (save the file as UTF-8)"
-                raise DataFormatError(path, number, None, problem) from None
 
 
 def _download(spec: FetchSpec) -> Iterator[Mapping[str, Any]]:

@@ -85,8 +85,7 @@ class TrainerRankActor:
         from asearch.rl.distributed import DistributedPolicyTrainer, init_distributed
 
         # Ray gives each GPU actor its own CUDA_VISIBLE_DEVICES, so every rank's GPU is cuda:0.
-        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
-                          MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))  # fmt: skip
+        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0")
         torch.set_num_threads(self.threads)
         torch.manual_seed(0)  # the trainer's own seeded rng decides minibatches; this covers dropout etc.
         if self.rank != 0:  # a client of rank 0's store (env:// would prefix its keys differently)
