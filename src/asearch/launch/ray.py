@@ -65,6 +65,7 @@ class TrainerRankActor:
 
     def __init__(self, rank: int, world_size: int, threads: int):
         self.rank, self.world_size, self.threads = rank, world_size, threads
+        self.store = None  # the process group's rendezvous store: rank 0's from `address`, the others' from `setup`
 
     def address(self, bind: str) -> tuple[str, int]:
         """Where rank 0 hosts the process group's rendezvous: loopback (one machine) or this node's IP. The store
