@@ -24,7 +24,7 @@ RAY_BIN = str(Path(sys.executable).parent / "ray")
 
 
 @pytest.fixture(scope="module")
-def ray_cluster(tmp_path_factory, subprocess_env):
+def ray_head(tmp_path_factory, subprocess_env):
     """A head node on 127.0.0.1 with 2 CPUs; yields its address; `ray stop` at the end."""
     port = free_port()
     env = {**subprocess_env, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
@@ -38,7 +38,29 @@ def ray_cluster(tmp_path_factory, subprocess_env):
     try:
         yield f"127.0.0.1:{port}", env
     finally:
+        # a test that failed with this process still connected would otherwise be ended by Ray a minute after
+        # `ray stop` (exit 1, the suite's report lost), in whichever later test is running then
+        if ray.is_initialized():
+            ray.shutdown()
         subprocess.run([RAY_BIN, "stop", "--force"], env=env, capture_output=True, timeout=120)
+
+
+@pytest.fixture
+def ray_cluster(ray_head, monkeypatch):
+    """The head node once all its CPUs are free: an earlier test's killed actors hand theirs back asynchronously.
+    This process joins it without a token, as the tests' own drivers do."""
+    address, env = ray_head
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    ray.init(address=address, log_to_driver=False, logging_level="warning")
+    try:
+        t0 = time.monotonic()
+        while (free := ray.available_resources().get("CPU", 0.0)) < 2:
+            assert time.monotonic() - t0 < 60, f"the Ray cluster still has only {free:g} of 2 CPUs free after 60 s"
+            time.sleep(0.1)
+        print(f"\n[ray] 2 CPUs free after {time.monotonic() - t0:.1f}s")
+    finally:
+        ray.shutdown()
+    return address, env
 
 
 def ray_args(address: str, servers: int, ranks: int) -> list[str]:
@@ -49,7 +71,7 @@ def ray_args(address: str, servers: int, ranks: int) -> list[str]:
     ]  # fmt: skip
 
 
-def test_two_ranks_update_like_one_process(ray_cluster, tiny_world_model_dir, monkeypatch) -> None:
+def test_two_ranks_update_like_one_process(ray_cluster, tiny_world_model_dir) -> None:
     """Two FSDP ranks as Ray actors take the same step as `PolicyTrainer` in this process."""
     from asearch.engine.pool import RolloutServersConfig
     from asearch.launch.ray import RayLauncher
@@ -59,7 +81,6 @@ def test_two_ranks_update_like_one_process(ray_cluster, tiny_world_model_dir, mo
     from asearch.rl.trainer import PolicyTrainer, TrainerConfig
 
     address, env = ray_cluster
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     alloc = Allocation(
         rollout_servers=1, trainer_ranks=2, rank_cpus=0.5, server_cpus=0.5, ray_address=address
     )
@@ -90,19 +111,20 @@ def test_two_ranks_update_like_one_process(ray_cluster, tiny_world_model_dir, mo
     assert moved > 1e-4  # the step really changed the weights
 
 
-def test_an_allocation_larger_than_the_cluster_is_refused(ray_cluster, monkeypatch) -> None:
+def test_an_allocation_larger_than_the_cluster_is_refused(ray_cluster) -> None:
     from asearch.engine.pool import RolloutServersConfig
     from asearch.errors import LaunchError
     from asearch.launch.ray import RayLauncher
     from asearch.launch.spec import Allocation
 
     address, _ = ray_cluster
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     alloc = Allocation(rollout_servers=2, server_threads=1, trainer_ranks=2, ray_address=address)
     launcher = RayLauncher("unused", alloc, RolloutServersConfig(), log_dir=Path("unused"), trainer_threads=1)
-    with pytest.raises(LaunchError, match=r"needs 4 CPU \(the cluster has 2 free\)"):
-        launcher.connect()
-    launcher.stop()
+    try:
+        with pytest.raises(LaunchError, match=r"needs 4 CPU \(the cluster has 2 free\)"):
+            launcher.connect()
+    finally:
+        launcher.stop()
 
 
 def test_train_on_ray_survives_a_killed_server_and_resumes(

@@ -17,15 +17,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from asearch.rl.loss import LossConfig
 from asearch.rl.trainer import OptimConfig, PolicyTrainer, Sample, TrainerConfig, sequence_logprobs
 
 WORLD = 2
 # Two minibatches (two optimizer steps per train step), micro-batches that differ in number between
-# the ranks (the rank with fewer runs zero-loss stand-ins), clipping that engages, warmup + cosine, decay.
+# the ranks (the rank with fewer runs zero-loss stand-ins), clipping that engages, warmup + cosine, decay,
+# and the KL penalty (its sharded reference policy).
 CFG = TrainerConfig(
     n_minibatches=2,
     token_budget=64,
     optim=OptimConfig(lr=1e-3, weight_decay=0.1, grad_clip=0.05, warmup_steps=1, schedule="cosine"),
+    loss=LossConfig(kl_coef=0.5),
 )
 TOTAL_STEPS = 4
 LENGTHS = [30, 60, 28, 45, 26, 20, 24]  # 7 samples; with budget 64 the ranks get unequal micro-batch counts
@@ -164,6 +167,7 @@ def test_two_ranks_equal_one_process(setup) -> None:
         assert got["stats"]["perf/grad_norm"] == pytest.approx(stats["perf/grad_norm"], rel=1e-5)
         assert got["stats"]["perf/lr"] == pytest.approx(stats["perf/lr"], rel=1e-9)
         assert got["stats"]["perf/train_samples"] == len(samples)
+        assert got["stats"]["loss/kl"] > 0  # after the step's first update the policy has left its reference
         names = {n for n, p in ref.model.named_parameters() if p.grad is not None}
         assert names == set(got["grads"])
         for n, p in ref.model.named_parameters():

@@ -165,3 +165,46 @@ def test_epochs_train_a_batch_again_against_the_policy_at_the_steps_start(model_
     assert moved(m2) > 1.5 * moved(m1)
     m3, t3, s3 = run(2, prox="loglinear")
     assert t3.step == 2 and s3["loss/approx_kl"] > 1e-6
+
+
+def _kl_to(reference, model, samples) -> float:
+    """Mean k3 estimate of KL(policy || reference) over the generated tokens."""
+    with torch.no_grad():
+        lp, ref = sequence_logprobs(model, samples, 1.0), sequence_logprobs(reference, samples, 1.0)
+    mask = torch.zeros_like(lp)
+    for r, s in enumerate(samples):
+        mask[r, : len(s.loss_mask)] = torch.tensor(s.loss_mask, dtype=torch.float32)
+    log_r = ref - lp
+    return float(((torch.exp(log_r) - 1 - log_r) * mask).sum() / mask.sum())
+
+
+@pytest.mark.parametrize("lora_r", [0, 4])
+def test_kl_penalty_holds_the_policy_near_the_model_it_started_from(model_and_samples, lora_r):
+    """`loss.kl_coef`: 0 at the first step (the policy is the reference), then it pulls back: after the same
+    updates the policy is far closer to where it started than without it. With LoRA the reference is the base
+    model with the adapters off; a trainer resumed from a checkpoint keeps the starting model as reference."""
+    from asearch.models.lora import LoraConfig
+
+    model, samples = model_and_samples
+
+    def trainer(kl_coef: float) -> PolicyTrainer:
+        loss = LossConfig(kl_coef=kl_coef)
+        cfg = TrainerConfig(optim=OptimConfig(lr=1e-2), lora=LoraConfig(r=lora_r, alpha=8), loss=loss)
+        return PolicyTrainer(copy.deepcopy(model), cfg)
+
+    free, held = trainer(0.0), trainer(50.0)
+    free_stats = [free.train_step(samples, policy_version=v) for v in range(6)]
+    held_stats = [held.train_step(samples, policy_version=v) for v in range(6)]
+    assert held_stats[0]["loss/kl"] == pytest.approx(0.0, abs=1e-7) and held_stats[-1]["loss/kl"] > 1e-4
+    assert all(s["loss/kl"] == 0.0 for s in free_stats)
+    drift_free, drift_held = _kl_to(model, free.model, samples), _kl_to(model, held.model, samples)
+    assert 0 < drift_held < 0.25 * drift_free, (drift_held, drift_free)
+    if lora_r:
+        assert held.reference is None
+        with held.model.disable_adapter():  # the adapters off give the untouched starting weights
+            assert _kl_to(model, held.model, samples) == pytest.approx(0.0, abs=1e-7)
+
+    resumed = trainer(50.0)
+    resumed.load_state_dict(copy.deepcopy(held.state_dict()))
+    a, b = held.train_step(samples, policy_version=6), resumed.train_step(samples, policy_version=6)
+    assert b["loss/kl"] == pytest.approx(a["loss/kl"], rel=1e-4) and a["loss/kl"] > 1e-4

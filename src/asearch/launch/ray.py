@@ -302,13 +302,15 @@ class RayLauncher(Launcher):
 
         if not ray.is_initialized():
             return
-        for s in self.supervisors:
-            s.close()
-        stopping = [actor.stop.remote() for actor in self._servers]
-        ray.wait(stopping, num_returns=len(stopping), timeout=60)
-        for actor in self._actors:
-            ray.kill(actor)
-        self._servers, self._actors, self.supervisors = [], [], []
-        if self._connected_here:
-            ray.shutdown()
-            self._connected_here = self._checked = False
+        try:
+            for s in self.supervisors:
+                s.close()
+            stopping = [actor.stop.remote() for actor in self._servers]
+            ray.wait(stopping, num_returns=len(stopping), timeout=60)
+            for actor in self._actors:
+                ray.kill(actor)
+        finally:  # a driver still connected when its cluster goes away is ended by Ray (exit 1, output unflushed)
+            self._servers, self._actors, self.supervisors = [], [], []
+            if self._connected_here:
+                ray.shutdown()
+                self._connected_here = self._checked = False

@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from asearch.errors import ConfigError
 from asearch.net import free_port
-from asearch.rl.trainer import PolicyTrainer, Sample, TrainerConfig, write_hf_dir
+from asearch.rl.trainer import PolicyTrainer, Sample, TrainerConfig, frozen_copy, write_hf_dir
 
 
 @dataclass(frozen=True)
@@ -127,10 +127,11 @@ class DistributedPolicyTrainer(PolicyTrainer):
         if cfg.lora.enabled:
             raise ConfigError("trainer.lora with FSDP trainer ranks is not supported: train LoRA in one process (launcher none or local)")
         self.env = env or init_distributed()
+        reference = shard_model(frozen_copy(model), self.env, bf16=bf16) if cfg.loss.kl_coef > 0 else None
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()  # before sharding, so FSDP wraps the checkpointed layers
         shard_model(model, self.env, bf16=bf16)
-        super().__init__(model, cfg, temperature=temperature, total_steps=total_steps)
+        super().__init__(model, cfg, temperature=temperature, total_steps=total_steps, reference=reference)
 
     # ---- the PolicyTrainer hooks
 

@@ -161,7 +161,8 @@ def decoupled_ppo_loss(
 
     kl_loss = torch.zeros((), dtype=logprobs.dtype)
     if cfg.kl_coef > 0:
-        assert ref_logprobs is not None, "kl_coef > 0 needs ref_logprobs"
+        if ref_logprobs is None:
+            raise ValueError("loss.kl_coef > 0 needs ref_logprobs (log pi_ref of the same tokens)")
         log_r = ref_logprobs - logprobs
         kl_loss = cfg.kl_coef * ((torch.exp(log_r) - 1 - log_r) * mask).sum() / n_tokens
     loss = pg_loss + kl_loss

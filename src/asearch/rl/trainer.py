@@ -7,6 +7,7 @@ token-budget micro-batches and take one AdamW step.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import os
@@ -237,8 +238,23 @@ class Trainer(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+def frozen_copy(model: Any) -> Any:
+    """A copy of `model` no optimizer sees, in eval mode: the reference policy of the KL penalty."""
+    reference = copy.deepcopy(model).eval()
+    reference.requires_grad_(False)
+    return reference
+
+
 class PolicyTrainer:
-    def __init__(self, model: Any, cfg: TrainerConfig, *, temperature: float = 1.0, total_steps: int = 1):
+    """`reference`: the KL penalty's policy (`loss.kl_coef > 0`); default, a frozen copy of `model` as given,
+    or with LoRA the same model with its adapters switched off (no copy)."""
+
+    def __init__(
+        self, model: Any, cfg: TrainerConfig, *, temperature: float = 1.0, total_steps: int = 1, reference: Any = None
+    ):
+        if reference is None and cfg.loss.kl_coef > 0 and not cfg.lora.enabled:
+            reference = frozen_copy(model)
+        self.reference = reference
         model = add_lora(model, cfg.lora, seed=cfg.seed)
         self.model, self.cfg, self.temperature = model, cfg, temperature
         self.total_steps = max(total_steps, 1)
@@ -361,9 +377,10 @@ class PolicyTrainer:
         mask = _pad([s.loss_mask for s in rows], longest)
         adv = torch.tensor([s.advantage for s in rows])[:, None].expand(-1, longest)
         prox_lp = self._proximal(logp, behav, samples, idx, prox, update=update, policy_version=policy_version)
+        ref_lp = self._reference_logprobs(rows, longest) if self.cfg.loss.kl_coef > 0 else None
         dev = logp.device
         loss, stats = decoupled_ppo_loss(
-            logp, prox_lp.to(dev), behav.to(dev), adv.to(dev), mask.to(dev), self.cfg.loss
+            logp, prox_lp.to(dev), behav.to(dev), adv.to(dev), mask.to(dev), self.cfg.loss, ref_logprobs=ref_lp
         )
         # the no-op stand-in has an all-zero mask: a zero gradient, but every collective runs
         (loss * (mask.sum().item() / max(mb_tokens, 1))).backward()
@@ -371,6 +388,16 @@ class PolicyTrainer:
             return stats, None
         versions = _pad([s.versions for s in rows], longest)
         return stats, staleness_lab_counts(prox_lp, behav, mask, versions, policy_version, self.cfg.loss)
+
+    @torch.no_grad()
+    def _reference_logprobs(self, rows: Sequence[Sample], longest: int) -> torch.Tensor:
+        """log pi_ref of a micro-batch's rows, for the KL penalty."""
+        with autocast(self.device, self.compute_dtype):
+            if self.reference is None:  # LoRA: the reference is the base model, the adapters off
+                with self.model.disable_adapter():
+                    return sequence_logprobs(self.model, rows, self.temperature, generated_only=True)
+            use_attention(self.reference, longest, self.cfg)
+            return sequence_logprobs(self.reference, rows, self.temperature, generated_only=True)
 
     def _proximal(
         self, logp: torch.Tensor, behav: torch.Tensor, samples: Sequence[Sample], idx: list[int],
