@@ -11,11 +11,14 @@ KV heads, vocabulary 151,936, tied embeddings) in the device's dtype (bfloat16 o
    backward) and the LM head's 6 x vocabulary x hidden on the generated tokens only (the trainer applies the
    head there alone);
 3. rl: the CPU demo's whole pipeline (worlds, expert SFT, fully asynchronous RL with held-out accuracy before
-   and after) shrunk to minutes, on the GPU (`asearch demo` with the overrides in `RL_OVERRIDES`).
+   and after) shrunk to minutes, on the GPU (`asearch demo` with the overrides in `RL_OVERRIDES`);
+4. long: the same for `asearch demo --preset long` (access, reading turns, 1-6 hops) with a ~26M-parameter model
+   (`LONG_OVERRIDES`), plus its mean held-out turns and the share of correct episodes that used `access`.
 Each phase appends its rows to the JSON file as it finishes, so a run cut short keeps what it measured; the
 table is printed at the end. `--shape tiny` runs the same code on a CPU in seconds (tests/bench/test_gpu_check.py).
 
-    python bench/gpu_check.py --out gpu_check.json                   # on a GPU: about 6 minutes on an H100
+    python bench/gpu_check.py --out gpu_check.json                   # on a GPU: phases 0-3 about 6 minutes on an H100
+    python bench/gpu_check.py --phases long --out gpu_long.json      # the long preset alone (not yet run on a GPU)
     python bench/gpu_check.py --shape tiny --device cpu --out /tmp/g.json
 """
 
@@ -63,6 +66,19 @@ TINY_RL_OVERRIDES = [
     "setup_threads=1", "rl.rollout.batch_size=1", "rl.rollout.group_size=2", "rl.rollout.max_concurrent=2",
     "rl.agent.max_turns=3", "rl.rollout.drop_zero_variance=false",
 ]  # fmt: skip
+
+
+# Issue 16's GPU part: the long-horizon preset (access, reading turns, 1-6 hops) with a ~26M-parameter model from
+# scratch (hidden 512, 8 layers: 12 x 512^2 x 8 in the blocks); SFT and RL shortened to fit a lent device's minutes.
+LONG_OVERRIDES = [
+    "hidden=512", "layers=8", "heads=8", "setup_threads=8", "sft.steps=1200", "sft.batch_size=32",
+    "sft.token_budget=16384", "sft.optim.lr=1e-3", "rl.max_rl_seconds=180", "rl.heldout.every_s=60",
+    "rl.engine.max_batch=256", "rl.rollout.max_concurrent=64", "rl.trainer.token_budget=16384",
+]  # fmt: skip
+DEMO_OVERRIDES = {
+    "rl": {"gpu": RL_OVERRIDES, "tiny": TINY_RL_OVERRIDES},
+    "long": {"gpu": LONG_OVERRIDES, "tiny": TINY_RL_OVERRIDES},
+}
 
 
 def build_model(shape: str, device: torch.device, dtype: torch.dtype):
@@ -229,26 +245,34 @@ def train_rows(model, args, peak: float | None) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- 3. rl
 
 
-def rl_rows(args, out_dir: Path) -> list[dict[str, Any]]:
-    """The demo pipeline, shrunk, on this device; its summary as one row."""
+def rl_rows(args, out_dir: Path, phase: str = "rl") -> list[dict[str, Any]]:
+    """A demo preset's whole pipeline, shrunk, on this device (phase rl: the default preset; long: the long-horizon
+    one with a model of ~26M parameters); its summary as one row."""
     from asearch.config import load_config
     from asearch.demo.pipeline import DemoConfig, run_demo
+    from asearch.demo.presets import preset
 
-    overrides = TINY_RL_OVERRIDES if args.shape == "tiny" else RL_OVERRIDES
+    overrides = DEMO_OVERRIDES[phase]["tiny" if args.shape == "tiny" else "gpu"]
     overrides = [*overrides, f"sft.device={args.device}", f"rl.trainer.device={args.device}", f"rl.engine.device={args.device}"]
-    cfg = load_config(DemoConfig, None, [f"seed={args.seed}", f"out={out_dir / 'rl-demo'}", *overrides])
+    run = out_dir / f"{phase}-demo"
+    cfg = load_config(
+        DemoConfig, None, [f"seed={args.seed}", f"out={run}", *overrides], base=preset("long" if phase == "long" else "default")
+    )
     t = time.perf_counter()
-    summary = run_demo(cfg, log=lambda m: print(f"  rl | {m}", flush=True))
-    metrics = _last_metrics(out_dir / "rl-demo" / "rl" / "metrics.jsonl")
+    summary = run_demo(cfg, log=lambda m: print(f"  {phase} | {m}", flush=True))
+    metrics = _last_metrics(run / "rl" / "metrics.jsonl")
     row = {
-        "phase": "rl", "overrides": overrides, "wall_s": time.perf_counter() - t,
+        "phase": phase, "overrides": overrides, "wall_s": time.perf_counter() - t,
         "setup_s": summary["setup_seconds"], "sft_s": summary["sft_seconds"], "rl_s": summary["rl_wall_seconds"],
         "rl_steps": summary["rl_steps"], "heldout_before": summary["heldout_acc_before"],
         "heldout_after": summary["heldout_acc_after"], "parameters": summary["parameters"],
         "rejected_groups": summary["rejected_groups"],
+        "mean_turns_after": summary.get("heldout_mean_turns_after"),
+        "access_rate_correct": summary.get("heldout_access_rate_correct"),
         "trajectories_per_s": metrics.get("perf/trajectories_per_s"), "staleness_mean": metrics.get("staleness/mean"),
     }  # fmt: skip
-    print(f"rl: {row['rl_steps']} steps in {row['rl_s']:.0f} s, held-out {row['heldout_before']:.3f} -> {row['heldout_after']:.3f}", flush=True)
+    print(f"{phase}: {row['rl_steps']} steps in {row['rl_s']:.0f} s, held-out {row['heldout_before']:.3f} -> "
+          f"{row['heldout_after']:.3f}", flush=True)  # fmt: skip
     return [row]
 
 
@@ -289,10 +313,14 @@ def table(result: dict[str, Any]) -> str:
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a"
         lines += ["", f"trainer: {r['samples']} x {r['seq_len']} tokens per step, {r['dtype']}: {r['tokens_per_s']:,.0f} tok/s, "
                   f"{r['tflops_per_s']:.1f} TFLOP/s, MFU {mfu}, {r['step_s']:.2f} s/step"]  # fmt: skip
-    for r in (r for r in result["rows"] if r["phase"] == "rl"):
-        lines += ["", f"async RL (demo, {r['parameters']:,} parameters): set-up {r['setup_s']:.0f} s, SFT {r['sft_s']:.0f} s, "
+    for r in (r for r in result["rows"] if r["phase"] in ("rl", "long")):
+        name = "demo" if r["phase"] == "rl" else "long-horizon preset"
+        lines += ["", f"async RL ({name}, {r['parameters']:,} parameters): set-up {r['setup_s']:.0f} s, SFT {r['sft_s']:.0f} s, "
                   f"RL {r['rl_s']:.0f} s = {r['rl_steps']} steps ({sum(r['rejected_groups'].values())} groups rejected), "
                   f"held-out {r['heldout_before']:.3f} -> {r['heldout_after']:.3f}"]  # fmt: skip
+        if r["mean_turns_after"] is not None:
+            access = "none correct" if r["access_rate_correct"] is None else f"{r['access_rate_correct']:.2f}"
+            lines[-1] += f", {r['mean_turns_after']:.1f} turns an episode after, correct ones using access: {access}"
     for name, err in result["errors"].items():
         lines += ["", f"{name} FAILED: {err.strip().splitlines()[-1]}"]
     return "\n".join(lines)
@@ -306,7 +334,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--out", type=Path, default=Path("gpu_check.json"))
-    ap.add_argument("--phases", default="parity,decode,train,rl", help="comma-separated: parity, decode, train, rl")
+    ap.add_argument("--phases", default="parity,decode,train,rl,long", help="comma-separated: parity, decode, train, rl, long")
     ap.add_argument("--parity-new", type=int, default=24, help="greedy tokens per prompt in the parity phase")
     ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 64, 256])
     ap.add_argument("--prompt", type=int, default=256, help="prompt tokens per request")
@@ -325,8 +353,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     print(json.dumps(result["env"]), flush=True)
     phases = args.phases.split(",")
-    if unknown := set(phases) - {"parity", "decode", "train", "rl"}:
-        ap.error(f"unknown phases {sorted(unknown)} (parity, decode, train, rl)")
+    if unknown := set(phases) - {"parity", "decode", "train", "rl", "long"}:
+        ap.error(f"unknown phases {sorted(unknown)} (parity, decode, train, rl, long)")
     for phase in phases:
         t = time.perf_counter()
         try:
@@ -337,7 +365,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             elif phase == "train":
                 rows = train_rows(build_model(args.shape, device, torch.float32), args, peak_flops(device))
             else:
-                rows = rl_rows(args, args.work or args.out.parent)
+                rows = rl_rows(args, args.work or args.out.parent, phase)
             result["rows"] += rows
         except Exception:  # one phase failing must not lose the others' numbers
             result["errors"][phase] = traceback.format_exc()

@@ -37,7 +37,11 @@ def test_gpu_check_runs_every_phase_at_a_tiny_shape_on_the_cpu(tmp_path):
     (rl,) = [r for r in result["rows"] if r["phase"] == "rl"]
     assert rl["rl_steps"] >= 1 and 0 <= rl["heldout_before"] <= 1 and 0 <= rl["heldout_after"] <= 1
     assert (tmp_path / "rl-demo" / "summary.json").exists()
-    assert "| batch | in-process engine tok/s |" in done.stdout and "trainer:" in done.stdout and "async RL" in done.stdout
+    (long,) = [r for r in result["rows"] if r["phase"] == "long"]  # issue 16's GPU part: the long preset
+    assert long["rl_steps"] >= 1 and long["mean_turns_after"] > 0 and 0 <= long["heldout_after"] <= 1
+    assert "\npreset: long\npages: long\n" in (tmp_path / "long-demo" / "config.yaml").read_text()
+    assert "| batch | in-process engine tok/s |" in done.stdout and "trainer:" in done.stdout and "async RL (demo" in done.stdout
+    assert "async RL (long-horizon preset" in done.stdout
 
 
 def test_a_failing_phase_is_reported_and_the_others_kept(tmp_path):
