@@ -32,7 +32,8 @@ class LossConfig(Config):
         None, gt=0, description="Asymmetric upper clip (DAPO's clip-higher); None: eps_clip."
     )
     kl_coef: float = Field(
-        0.0, ge=0, description="Penalty against a reference policy (k3 estimator); 0: no reference needed."
+        0.0, ge=0, description="k3 KL penalty against the policy the run started from (the trainer keeps a "
+        "frozen copy; with LoRA it switches the adapters off instead); 0: off, no reference kept."
     )
     correction: Literal["decoupled", "tis", "token_mask", "seq_mask"] = Field(
         "decoupled",
