@@ -75,10 +75,8 @@ LONG_OVERRIDES = [
     "sft.token_budget=16384", "sft.optim.lr=1e-3", "rl.max_rl_seconds=180", "rl.heldout.every_s=60",
     "rl.engine.max_batch=256", "rl.rollout.max_concurrent=64", "rl.trainer.token_budget=16384",
 ]  # fmt: skip
-DEMO_OVERRIDES = {
-    "rl": {"gpu": RL_OVERRIDES, "tiny": TINY_RL_OVERRIDES},
-    "long": {"gpu": LONG_OVERRIDES, "tiny": TINY_RL_OVERRIDES},
-}
+# phase -> (demo preset, overrides on a GPU, overrides at the tiny shape)
+DEMO_PHASES = {"rl": ("default", RL_OVERRIDES, TINY_RL_OVERRIDES), "long": ("long", LONG_OVERRIDES, TINY_RL_OVERRIDES)}
 
 
 def build_model(shape: str, device: torch.device, dtype: torch.dtype):
@@ -252,11 +250,12 @@ def rl_rows(args, out_dir: Path, phase: str = "rl") -> list[dict[str, Any]]:
     from asearch.demo.pipeline import DemoConfig, run_demo
     from asearch.demo.presets import preset
 
-    overrides = DEMO_OVERRIDES[phase]["tiny" if args.shape == "tiny" else "gpu"]
+    preset_name, gpu_overrides, tiny_overrides = DEMO_PHASES[phase]
+    overrides = tiny_overrides if args.shape == "tiny" else gpu_overrides
     overrides = [*overrides, f"sft.device={args.device}", f"rl.trainer.device={args.device}", f"rl.engine.device={args.device}"]
     run = out_dir / f"{phase}-demo"
     cfg = load_config(
-        DemoConfig, None, [f"seed={args.seed}", f"out={run}", *overrides], base=preset("long" if phase == "long" else "default")
+        DemoConfig, None, [f"seed={args.seed}", f"out={run}", *overrides], base=preset(preset_name)
     )
     t = time.perf_counter()
     summary = run_demo(cfg, log=lambda m: print(f"  {phase} | {m}", flush=True))

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from asearch.rl.loss import LossConfig
+from asearch.rl.loss import LossConfig, k3_kl
 from asearch.rl.trainer import (
     OptimConfig,
     PolicyTrainer,
@@ -174,8 +174,7 @@ def _kl_to(reference, model, samples) -> float:
     mask = torch.zeros_like(lp)
     for r, s in enumerate(samples):
         mask[r, : len(s.loss_mask)] = torch.tensor(s.loss_mask, dtype=torch.float32)
-    log_r = ref - lp
-    return float(((torch.exp(log_r) - 1 - log_r) * mask).sum() / mask.sum())
+    return float((k3_kl(lp, ref) * mask).sum() / mask.sum())
 
 
 @pytest.mark.parametrize("lora_r", [0, 4])

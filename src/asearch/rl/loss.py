@@ -142,6 +142,15 @@ def corrected_weights(
     return w, weight, keep
 
 
+def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(pi || pi_ref), unbiased and never negative:
+
+        k3_t = r_t - 1 - log r_t,   r_t = pi_ref(token_t) / pi(token_t)
+    """
+    log_r = ref_logprobs - logprobs
+    return torch.exp(log_r) - 1 - log_r
+
+
 def decoupled_ppo_loss(
     logprobs: torch.Tensor,  # log pi_theta, with grad
     prox_logprobs: torch.Tensor,  # log pi_prox, recomputed once per step before the minibatch loop
@@ -164,8 +173,7 @@ def decoupled_ppo_loss(
     if cfg.kl_coef > 0:
         if ref_logprobs is None:
             raise ValueError("loss.kl_coef > 0 needs ref_logprobs (log pi_ref of the same tokens)")
-        log_r = ref_logprobs - logprobs
-        kl_loss = cfg.kl_coef * ((torch.exp(log_r) - 1 - log_r) * mask).sum() / n_tokens
+        kl_loss = cfg.kl_coef * (k3_kl(logprobs, ref_logprobs) * mask).sum() / n_tokens
     loss = pg_loss + kl_loss
 
     with torch.no_grad():
