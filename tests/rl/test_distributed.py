@@ -85,12 +85,19 @@ def _worker(tmp: Path) -> None:
         out["steps"].append({"stats": stats, "grads": grads, "params": trainer.full_state_dict()})
         if step == 0:
             ckpt = trainer.state_dict()
+            (tmp / "sharded").mkdir(exist_ok=True)
+            trainer.save_checkpoint(tmp / "sharded")  # each rank its shard
     trainer.save_hf(tmp / "saved")
     # a checkpoint taken after step 1, loaded into a fresh trainer, gives the same step 2
     resumed = fresh()
     resumed.load_state_dict(ckpt)
     resumed.train_step(samples, policy_version=1)
     out["resumed_params"] = resumed.full_state_dict()
+    from_shards = fresh()
+    from_shards.load_checkpoint(tmp / "sharded")
+    from_shards.train_step(samples, policy_version=1)
+    out["sharded_resumed_params"] = from_shards.full_state_dict()
+    out["shard_files"] = sorted(p.name for p in (tmp / "sharded" / "shards").iterdir())
     out["noops"] = trainer._all_sum([float(noops)])[0]
     if env.is_main:
         torch.save(out, tmp / "dist.pt")
@@ -188,6 +195,10 @@ def test_two_ranks_equal_one_process(setup) -> None:
     final = ref.model.state_dict()
     for n, v in dist_out["resumed_params"].items():
         torch.testing.assert_close(v, final[n], atol=1e-5, rtol=0, msg=f"resumed {n}")
+    # the sharded checkpoint (each rank wrote its own part) resumes to the same step 2
+    assert any(f.endswith(".distcp") for f in dist_out["shard_files"]), dist_out["shard_files"]
+    for n, v in dist_out["sharded_resumed_params"].items():
+        torch.testing.assert_close(v, final[n], atol=1e-5, rtol=0, msg=f"resumed from shards {n}")
 
     from transformers import AutoModelForCausalLM
 

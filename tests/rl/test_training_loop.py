@@ -57,6 +57,12 @@ class FakeTrainer:
     def load_state_dict(self, state):
         self.steps = state["steps"]
 
+    def save_checkpoint(self, directory):
+        (directory / "fake_trainer.json").write_text(json.dumps(self.state_dict()))
+
+    def load_checkpoint(self, directory):
+        self.load_state_dict(json.loads((directory / "fake_trainer.json").read_text()))
+
 
 class FakeWeights:
     def __init__(self, engine: FakeEngine, events: Events):

@@ -113,6 +113,12 @@ class TrainerRankActor:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.trainer.load_state_dict(state)
 
+    def save_checkpoint(self, directory: str) -> None:
+        self.trainer.save_checkpoint(Path(directory))  # this rank's shard; the driver receives nothing
+
+    def load_checkpoint(self, directory: str) -> None:
+        self.trainer.load_checkpoint(Path(directory))
+
 
 # ---------------------------------------------------------------------------- driver side
 
@@ -156,7 +162,7 @@ class RemoteSupervisor:
 
 
 class RayTrainerGroup:
-    """The trainer the RL loop drives (`train_step`, `save_hf`, `state_dict`, `load_state_dict`), run by
+    """The trainer the RL loop drives (`train_step`, `save_hf`, `save_checkpoint`, `load_checkpoint`), run by
     `ranks` actors; each call goes to every rank and returns rank 0's answer."""
 
     def __init__(self, ranks: Sequence[Any], parameters: int):
@@ -187,6 +193,12 @@ class RayTrainerGroup:
         import ray
 
         self._all("load_state_dict", ray.put(state))
+
+    def save_checkpoint(self, directory: Path) -> None:
+        self._all("save_checkpoint", str(directory))
+
+    def load_checkpoint(self, directory: Path) -> None:
+        self._all("load_checkpoint", str(directory))
 
 
 @register_launcher("ray")

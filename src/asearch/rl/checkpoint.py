@@ -1,4 +1,8 @@
-"""Checkpoints of an RL run: RUN/checkpoints/step_N/{trainer.pt, state.json}, and resuming from the last one.
+"""Checkpoints of an RL run: RUN/checkpoints/step_N/{trainer state, state.json}, and resuming from the last one.
+
+The trainer writes its own state (`Trainer.save_checkpoint`): one process's trainer a `trainer.pt`; FSDP ranks
+each their shard (`shards/`, torch.distributed.checkpoint) and rank 0 the scalars, so the driver never holds
+the model or optimizer state.
 
 A checkpoint is written into `.tmp_step_N` and renamed, `state.json` last, so a directory with a
 `state.json` is whole. `state.json` holds the step, the RL wall time so far and the controller's state
@@ -13,8 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from asearch.files import atomic_write_json
 from asearch.rl.controller import RolloutController
@@ -38,7 +40,7 @@ def save_checkpoint(run: Path, step: int, trainer: Trainer, state: dict[str, Any
     tmp = run / "checkpoints" / f".tmp_step_{step}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    torch.save(trainer.state_dict(), tmp / "trainer.pt")
+    trainer.save_checkpoint(tmp)
     atomic_write_json(tmp / "state.json", state)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
@@ -62,7 +64,7 @@ def resume_from_checkpoint(run: RunDir, trainer: Trainer, log: Callable[[str], A
     ckpt = latest_checkpoint(run.path)
     if ckpt is None:
         return Resume()
-    trainer.load_state_dict(torch.load(ckpt / "trainer.pt", map_location="cpu", weights_only=False))
+    trainer.load_checkpoint(ckpt)
     state = json.loads((ckpt / "state.json").read_text())
     resume = Resume(state["step"], state["rl_wall_s"], RolloutController.restore_parts(state["controller"]))
     if dropped := run.rewind(resume.step):

@@ -30,7 +30,14 @@ import torch.distributed as dist
 
 from asearch.errors import ConfigError
 from asearch.net import free_port
-from asearch.rl.trainer import PolicyTrainer, Sample, TrainerConfig, frozen_copy, write_hf_dir
+from asearch.rl.trainer import (
+    TRAINER_STATE_FILE,
+    PolicyTrainer,
+    Sample,
+    TrainerConfig,
+    frozen_copy,
+    write_hf_dir,
+)
 
 
 @dataclass(frozen=True)
@@ -224,9 +231,56 @@ class DistributedPolicyTrainer(PolicyTrainer):
         set_model_state_dict(self.model, state["model"] if main else {}, options=opts)
         set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"] if main else {}, options=opts)
         _clone_scalars(self.optimizer.state)  # rank 0 got the caller's 'step' tensors, not copies
+        self._load_scalars(state)
+
+    def _load_scalars(self, state: dict[str, Any]) -> None:
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = state["step"]
         self.rng.setstate(state["rng"])
+
+    def save_checkpoint(self, directory: Path) -> None:
+        """Each rank writes its own shard of the model and optimizer (torch.distributed.checkpoint) into
+        `directory/shards`, rank 0 the scheduler, step and rng; no process holds the whole state. Every rank
+        must see `directory` (one machine, or a shared filesystem)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=Path(directory) / SHARDS_DIR)
+        if self.env.is_main:
+            scalars = {"scheduler": self.scheduler.state_dict(), "step": self.step, "rng": self.rng.getstate()}
+            torch.save(scalars, Path(directory) / SCALARS_FILE)
+        dist.barrier()
+
+    def load_checkpoint(self, directory: Path) -> None:
+        """What `save_checkpoint` wrote, resharded to this world size by torch.distributed.checkpoint; or a
+        whole-state `trainer.pt` (a one-process trainer's, or a checkpoint from before sharding), read by rank 0."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        directory = Path(directory)
+        if not (directory / SHARDS_DIR).is_dir():
+            whole = directory / TRAINER_STATE_FILE
+            if self.env.is_main:
+                self.load_state_dict(torch.load(whole, map_location="cpu", weights_only=False))
+            else:
+                self.load_state_dict(_scalars_from(whole))
+            return
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.load({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=directory / SHARDS_DIR)
+        set_state_dict(self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+        self._load_scalars(torch.load(directory / SCALARS_FILE, map_location="cpu", weights_only=False))
+
+
+# A sharded checkpoint: the ranks' shards (torch.distributed.checkpoint) and rank 0's scalar state beside them.
+SHARDS_DIR = "shards"
+SCALARS_FILE = "trainer_scalars.pt"
+
+
+def _scalars_from(whole: Path) -> dict[str, Any]:
+    """The scheduler, step and rng of a whole-state file (a rank other than 0 needs only these)."""
+    state = torch.load(whole, map_location="cpu", weights_only=False, mmap=True)  # the tensors stay on disk
+    return {"model": {}, "optimizer": {}} | {k: state[k] for k in ("scheduler", "step", "rng")}
 
 
 def _clone_scalars(optim_state: dict) -> None:

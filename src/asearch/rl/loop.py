@@ -150,7 +150,7 @@ class TrainingLoop:
                 perf = {"perf/rollout_wait_s": t1 - t0, "perf/train_s": t2 - t1, "perf/eval_wait_s": eval_wait_s,
                         "perf/weight_sync_s": t3 - t2 - eval_wait_s, "perf/step_s": t3 - t0}  # fmt: skip
                 self.log_step(batch, stats, perf)
-                self.checkpoint()
+                await self.checkpoint()
                 self.evaluate()
             await self.finish()
         finally:
@@ -225,13 +225,14 @@ class TrainingLoop:
             for t in batch[0].trajectories:
                 self.run_dir.log_trajectory({"step": self.step, "group": batch[0].index, **t.to_dict()})
 
-    def checkpoint(self, *, force: bool = False) -> None:
-        """Every `checkpoint_every` steps, at the last step and when the time budget ends the run."""
+    async def checkpoint(self, *, force: bool = False) -> None:
+        """Every `checkpoint_every` steps, at the last step and when the time budget ends the run; written in a
+        worker thread (each trainer rank its own shard), so generation goes on meanwhile."""
         due = self.step % self.cfg.checkpoint_every == 0 or self.step == self.cfg.steps or self.out_of_time()
         if not (force or due):
             return
         state = {"step": self.step, "rl_wall_s": self.rl_wall(), "controller": self.controller.state_dict()}
-        save_checkpoint(self.run_dir.path, self.step, self.trainer, state, self.cfg.keep_checkpoints)
+        await asyncio.to_thread(save_checkpoint, self.run_dir.path, self.step, self.trainer, state, self.cfg.keep_checkpoints)
         self.saved_step = self.step
 
     def evaluate(self, *, force: bool = False) -> None:
@@ -260,7 +261,7 @@ class TrainingLoop:
         """Keep the last step (the budget may have run out while waiting for a batch) and wait for the last
         evaluation (nothing trains beside it any more)."""
         if self.step > self.saved_step:
-            self.checkpoint(force=True)
+            await self.checkpoint(force=True)
         if self.pending_eval is not None:
             await self.pending_eval
             self.pending_eval = None

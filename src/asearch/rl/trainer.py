@@ -237,6 +237,18 @@ class Trainer(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
+    def save_checkpoint(self, directory: Path) -> None:
+        """Write the trainer's state into `directory` (each process its own part)."""
+        ...
+
+    def load_checkpoint(self, directory: Path) -> None:
+        """Read what `save_checkpoint` wrote (or a whole-state `trainer.pt`)."""
+        ...
+
+
+# A checkpoint's whole trainer state in one file: one process's trainer, and checkpoints from before sharding.
+TRAINER_STATE_FILE = "trainer.pt"
+
 
 def frozen_copy(model: Any) -> Any:
     """A copy of `model` no optimizer sees, in eval mode: the reference policy of the KL penalty."""
@@ -453,6 +465,12 @@ class PolicyTrainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = state["step"]
         self.rng.setstate(state["rng"])
+
+    def save_checkpoint(self, directory: Path) -> None:
+        torch.save(self.state_dict(), Path(directory) / TRAINER_STATE_FILE)
+
+    def load_checkpoint(self, directory: Path) -> None:
+        self.load_state_dict(torch.load(Path(directory) / TRAINER_STATE_FILE, map_location="cpu", weights_only=False))
 
 
 def write_hf_dir(
