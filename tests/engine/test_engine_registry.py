@@ -97,7 +97,7 @@ def test_older_nested_inprocess_options_still_load(tmp_path) -> None:
         ("engine: {kind: opnai}", r"unknown engine kind 'opnai'; did you mean 'openai'\? \(registered: inprocess, "),
         ("engine: {kind: vllm}", r"engine\.kind='vllm' needs engine\.base_url"),
         ("engine: {base_url: 'http://h:1'}", r"engine\.base_url is set but kind 'inprocess' uses no server: set "
-         r"engine\.kind \(openai, sglang, vllm\)"),
+         r"engine\.kind \(openai, sglang, sglang-server, vllm\)"),
         ("engine: {max_batch: 0}", r"run\.yaml:1: engine\.max_batch: Input should be greater than or equal to 1"),
         ("engine: {kind: vllm, base_url: 'http://h:1', inprocess: {threads: 2}}", r"engine\.inprocess is for kind"),
     ],
@@ -184,7 +184,7 @@ def test_rollout_pool_members_are_built_through_the_registry(monkeypatch) -> Non
     pool = open_pool(RolloutServersConfig(kind="sglang"), urls[:1])
     assert isinstance(pool.members[0].engine, SGLangEngine) and built[-1].kind == "sglang"
     assert make_engine(built[-1]).base_urls == urls[:1]
-    with pytest.raises(ValueError, match="RL samples from one of sglang, vllm"):
+    with pytest.raises(ValueError, match="RL samples from one of sglang, sglang-server, vllm"):
         RolloutServersConfig(kind="openai")  # a chat server has no token log-probs or weight updates
     pool = open_pool(RolloutServersConfig(kind="sglang", update_kv="keep"), urls[:1])
     assert pool.members[0].engine.cfg.update_kv == "keep" and pool.members[0].engine.updates_in_place

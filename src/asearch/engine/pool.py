@@ -32,6 +32,7 @@ from pydantic import Field, field_validator, model_validator
 from asearch.config import Config
 from asearch.engine.http import RETRY_STATUS, HttpConfig, RemoteHTTPError
 from asearch.engine.registry import EngineConfig, engine_kind, engine_kinds, make_engine
+from asearch.engine.sglang_server import SGLangServerConfig
 from asearch.engine.types import (
     UPDATE_KV_HELP,
     Engine,
@@ -82,6 +83,11 @@ class RolloutServersConfig(Config):
         default_factory=VLLMServerConfig,
         description="kind vllm, servers a launcher starts: device (auto/cpu/cuda), dtype, CUDA graphs, GPU memory "
         "share, tensor parallelism, CPU KV cache (docs/engines-remote.md).",
+    )
+    sglang: SGLangServerConfig = Field(
+        default_factory=SGLangServerConfig,
+        description="kind sglang-server, real SGLang servers a launcher starts: interpreter, device, tensor "
+        "parallelism, memory share, CUDA graphs, more flags (docs/engines-remote.md).",
     )
     http: HttpConfig = Field(
         default_factory=lambda: HttpConfig(retries=1, max_concurrency=256),
