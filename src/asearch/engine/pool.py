@@ -42,6 +42,7 @@ from asearch.engine.types import (
     WeightSource,
 )
 from asearch.engine.vllm import VLLMServerConfig
+from asearch.engine.weight_group import Bucket, GroupAddress
 from asearch.errors import RemoteError
 
 
@@ -70,10 +71,25 @@ class RolloutServersConfig(Config):
         default_factory=list,
         description="Servers already running (same model). Empty with launcher=local: it starts them.",
     )
-    weights: Literal["disk"] = Field(
-        "disk",
-        description="How a new version reaches the servers: saved as an HF directory RUN/weights/vN, then "
-        "loaded by every server (update_weights_from_disk / reload_weights).",
+    weights: Literal["collective", "disk"] = Field(
+        "collective",
+        description="How a new version reaches the servers. collective: the trainer's rank 0 broadcasts it in "
+        "buckets over a torch.distributed group the servers join (gloo on CPU, NCCL on CUDA; SGLang's "
+        "update_weights_from_distributed, vLLM through asearch's worker extension); a version also goes to disk "
+        "when a server restarted or left the pool, and for kinds without the group methods. disk: saved as an HF "
+        "directory RUN/weights/vN, then loaded by every server (update_weights_from_disk / reload_weights).",
+    )
+    weights_bucket_mb: float = Field(
+        512.0, gt=0, description="collective: megabytes of tensors per update message (one HTTP call per bucket)."
+    )
+    weights_dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="collective: the dtype tensors travel in (servers cast to their own)."
+    )
+    weights_disk_dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="The dtype of the safetensors in RUN/weights/vN (disk sync, fallback and restarts)."
+    )
+    weights_timeout_s: float = Field(
+        600.0, gt=0, description="collective: how long forming the group or one broadcast may take before it fails."
     )
     keep_weights: int = Field(
         2, ge=2, description="Saved versions kept on disk (the latest is what a restarted server loads)."
@@ -166,6 +182,9 @@ class EnginePool:
         self.failovers = 0  # requests sent again to another server after one failed
         self._version = version
         self._latest: WeightSource | None = None  # what a rejoining server must load
+        self._disk_behind = False  # the latest version came over the weight group: no directory holds it
+        self._group: list[_Member] = []  # the servers in the weight group, in rank order
+        self._group_starts: list[int] = []  # their supervisors' launch counts when they joined it
         self._sticky: OrderedDict[str, _Member] = OrderedDict()  # trajectory id -> its server
         self._max_sticky = max_sticky
         self._lock = asyncio.Lock()  # weight updates and rejoins, one at a time
@@ -217,7 +236,57 @@ class EnginePool:
         """Every live server loads `source`; one that fails leaves the pool and loads it when it rejoins."""
         async with self._lock:
             await self._each("update_weights", source, version, locked=True)
-            self._latest, self._version = source, version
+            self._latest, self._version, self._disk_behind = source, version, False
+
+    # ------------------------------------------------------------------ collective weight sync
+
+    def supports_weight_group(self) -> bool:
+        """Whether every server's client can join a weight group (`asearch.engine.weight_group`)."""
+        return all(hasattr(m.engine, "init_weights_update_group") for m in self.members)
+
+    def weight_group_intact(self) -> bool:
+        """Whether every server is up and in the weight group, with the weights it received there (none
+        restarted since it joined): then the next version can go over the group."""
+        members = self._group
+        return (
+            len(members) == len(self.members)
+            and all(m.up for m in members)
+            and all(m.supervisor is None or m.supervisor.starts == s for m, s in zip(members, self._group_starts, strict=True))
+        )
+
+    async def init_weights_update_group(self, address: GroupAddress, ranks_per_server: int = 1) -> None:
+        """Every server joins the trainer's weight group (rank 0; server k takes ranks 1 + k * ranks_per_server
+        onwards); returns once the group is formed, so the trainer joins meanwhile. Needs every server up."""
+        async with self._lock:
+            down = [m.name for m in self.members if not m.up]
+            if down:
+                raise RemoteError(f"a weight group needs every rollout server; out of the pool: {', '.join(down)}")
+            self._group = []
+            await asyncio.gather(
+                *(
+                    m.engine.init_weights_update_group(address, 1 + k * ranks_per_server, ranks_per_server)
+                    for k, m in enumerate(self.members)
+                )
+            )
+            self._group = list(self.members)
+            self._group_starts = [m.supervisor.starts if m.supervisor is not None else 0 for m in self.members]
+
+    async def update_weights_from_distributed(self, buckets: Sequence[Bucket], version: int, group_name: str) -> None:
+        """Every server in the weight group receives `version` while the trainer broadcasts it. A server that
+        restarts later waits out of the pool until a version reaches a directory (the next push goes by disk)."""
+        async with self._lock:
+            await asyncio.gather(*(m.engine.update_weights_from_distributed(buckets, version, group_name) for m in self._group))
+            for m in self._group:
+                m.updates += 1
+            self._version, self._disk_behind = version, True
+
+    async def destroy_weights_update_group(self, group_name: str) -> None:
+        """Live servers leave the weight group (one that cannot is left as it is)."""
+        async with self._lock:
+            live = [m for m in self._group if m.up]
+            self._group = []
+            await asyncio.gather(*(m.engine.destroy_weights_update_group(group_name) for m in live), return_exceptions=True)
+
 
     async def close(self) -> None:
         """Stop sending (requests in flight end with stop_reason 'abort'). Does not stop the servers."""
@@ -316,17 +385,20 @@ class EnginePool:
                 try:
                     async with self._lock:
                         restarted = m.supervisor is None or m.supervisor.starts != m.starts
-                        if m.supervisor is not None:
-                            m.starts = m.supervisor.starts
-                        if self._latest is not None and (restarted or m.engine.version != self._version):
-                            await m.engine.update_weights(self._latest, self._version)
-                            m.updates += 1
-                        if self._paused:
-                            await m.engine.pause()
-                        m.up = True
-                        self._any_up.set()
-                    log.warning("%s rejoined the rollout pool after %.1fs", m.name, time.monotonic() - start)
-                    return
+                        stale = restarted or m.engine.version != self._version
+                        if not (stale and self._disk_behind):  # else: wait for a version on disk
+                            if m.supervisor is not None:
+                                m.starts = m.supervisor.starts
+                            if self._latest is not None and stale:
+                                await m.engine.update_weights(self._latest, self._version)
+                                m.updates += 1
+                            if self._paused:
+                                await m.engine.pause()
+                            m.up = True
+                            self._any_up.set()
+                    if m.up:
+                        log.warning("%s rejoined the rollout pool after %.1fs", m.name, time.monotonic() - start)
+                        return
                 except RemoteError as e:
                     log.warning("%s: could not rejoin yet (%s)", m.name, e)
                 except Exception as e:  # e.g. the weights directory is gone: retrying cannot help

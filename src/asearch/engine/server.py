@@ -10,6 +10,9 @@ weights travel through disk (`/update_weights_from_disk`).
     POST /pause_generation          {mode: abort | in_place | retract}
     POST /continue_generation
     POST /update_weights_from_disk  {model_path, weight_version?, abort_all_requests?, flush_cache?}
+    POST /init_weights_update_group {master_address, master_port, rank_offset, world_size, group_name, backend}
+    POST /update_weights_from_distributed  {names, dtypes, shapes, group_name, weight_version? (last bucket), ...}
+    POST /destroy_weights_update_group  {group_name}      (collective weight sync: asearch.engine.weight_group)
     POST /flush_cache  GET /health  GET /get_model_info  GET /get_server_info
     POST /v1/chat/completions  POST /v1/completions  GET /v1/models   (OpenAI's API, see openai_api)
 
@@ -43,6 +46,7 @@ from asearch.engine.types import GenerateRequest, GenerateResponse, SamplingPara
 
 if TYPE_CHECKING:
     from asearch.engine.inprocess import InProcessEngine, InProcessEngineConfig
+    from asearch.engine.weight_group import WeightGroup
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +158,8 @@ class EngineServer:
         self._live: set[str] = set()  # prefix-cache ids of requests inside the engine
         self._next_id = 0
         self._update_lock = asyncio.Lock()
+        self._groups: dict[str, WeightGroup] = {}  # weight-broadcast groups joined (init_weights_update_group)
+        self._received: dict[str, dict[str, Any]] = {}  # per group: tensors of the update being received
 
     # ------------------------------------------------------------------ generation
 
@@ -352,6 +358,10 @@ class EngineServer:
         path = body.get("model_path")
         if not path:
             raise BadRequest("update_weights_from_disk needs model_path")
+        return await self._swap_weights(str(path), body, str(path))
+
+    async def _swap_weights(self, source: Any, body: Mapping[str, Any], what: str) -> tuple[bool, str]:
+        """Make `source` (a directory or a state dict) the engine's weights through the pause/update gate."""
         keep = body.get("flush_cache", True) is False  # SGLang's default flushes
         async with self._update_lock:
             self.updating = True
@@ -362,23 +372,79 @@ class EngineServer:
                 await self._until_idle_or_frozen()
                 version = self.engine.version + 1
                 try:
-                    await self.engine.update_weights(str(path), version, kv="keep" if keep else "recompute")
+                    await self.engine.update_weights(source, version, kv="keep" if keep else "recompute")
                 except Exception as e:  # noqa: BLE001 - reported to the client, as SGLang does
-                    log.warning("update_weights_from_disk %s failed: %s", path, e)
+                    log.warning("weight update from %s failed: %s", what, e)
                     return False, f"Failed to update weights: {type(e).__name__}: {e}"
                 if not keep:
                     self.prefix.clear()  # the engine dropped its prefix cache with the old weights
                 if body.get("weight_version") is not None:
                     self.weight_version = str(body["weight_version"])
                 self._labels[version] = self.weight_version
-                self.model_path = str(path)
+                if isinstance(source, str):
+                    self.model_path = source
                 self.counts["weight_updates"] += 1
-                log.info("loaded weights %s as weight_version %s", path, self.weight_version)
+                log.info("loaded weights %s as weight_version %s", what, self.weight_version)
                 return True, "Succeeded to update model weights."
             finally:
                 self.updating = False
                 if not self.paused:
                     self._gate.set()
+
+    async def init_weights_group(self, body: Mapping[str, Any]) -> tuple[bool, str]:
+        """Join a trainer's weight-broadcast group (SGLang's /init_weights_update_group) as rank `rank_offset`;
+        returns once every member has joined (the trainer joins at the same time)."""
+        from asearch.engine.weight_group import open_group
+
+        try:
+            name = str(body.get("group_name") or "weights")
+            address, port = str(body["master_address"]), int(body["master_port"])
+            rank, world = int(body["rank_offset"]), int(body["world_size"])
+            backend = str(body.get("backend") or "gloo")
+        except (KeyError, TypeError, ValueError) as e:
+            raise BadRequest(f"init_weights_update_group: bad body ({e!r})") from e
+        if name in self._groups:
+            await self.destroy_weights_group({"group_name": name})
+        try:
+            self._groups[name] = await asyncio.to_thread(
+                open_group, address, port, rank, world, group_name=name, backend=backend,
+                timeout_s=float(body.get("timeout_s", 600.0)),
+            )  # fmt: skip
+        except Exception as e:  # noqa: BLE001 - reported to the client, as SGLang does
+            log.warning("init_weights_update_group %s at %s:%s failed: %s", name, address, port, e)
+            return False, f"Failed to init group: {type(e).__name__}: {e}"
+        log.info("joined weight group %s as rank %d of %d (%s, %s:%d)", name, rank, world, backend, address, port)
+        return True, "Succeeded to initialize custom process group."
+
+    async def update_weights_from_group(self, body: Mapping[str, Any]) -> tuple[bool, str]:
+        """Receive one bucket (SGLang's /update_weights_from_distributed): the listed tensors, one broadcast
+        each. Generation goes on while tensors arrive; the bucket that carries `weight_version` (the last of
+        an update) swaps them in through the same gate as a disk update."""
+        name = str(body.get("group_name") or "weights")
+        group = self._groups.get(name)
+        if group is None:
+            raise BadRequest(f"no weight group {name!r}: call /init_weights_update_group first")
+        from asearch.engine.weight_group import receive_tensors
+
+        try:
+            tensors = await asyncio.to_thread(
+                receive_tensors, group, body["names"], body["dtypes"], body["shapes"], self.engine.device
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise BadRequest(f"update_weights_from_distributed: bad body ({e!r})") from e
+        received = self._received.setdefault(name, {})
+        received.update(tensors)
+        if body.get("weight_version") is None:
+            return True, f"Received {len(tensors)} tensors."
+        del self._received[name]
+        return await self._swap_weights(received, body, f"group {name} ({len(received)} tensors)")
+
+    async def destroy_weights_group(self, body: Mapping[str, Any]) -> None:
+        name = str(body.get("group_name") or "weights")
+        self._received.pop(name, None)
+        group = self._groups.pop(name, None)
+        if group is not None:
+            await asyncio.to_thread(group.close)
 
     async def _until_idle_or_frozen(self) -> None:
         """Until no request runs, or a pause in place froze them (they cannot finish: update under them)."""
@@ -454,6 +520,21 @@ def create_app(server: EngineServer) -> FastAPI:
     async def update_weights_from_disk(request: Request) -> JSONResponse:
         ok, message = await server.update_weights(await json_body(request))
         return JSONResponse({"success": ok, "message": message}, status_code=200 if ok else 400)
+
+    @app.post("/init_weights_update_group")
+    async def init_weights_update_group(request: Request) -> JSONResponse:
+        ok, message = await server.init_weights_group(await json_body(request))
+        return JSONResponse({"success": ok, "message": message}, status_code=200 if ok else 400)
+
+    @app.post("/update_weights_from_distributed")
+    async def update_weights_from_distributed(request: Request) -> JSONResponse:
+        ok, message = await server.update_weights_from_group(await json_body(request))
+        return JSONResponse({"success": ok, "message": message}, status_code=200 if ok else 400)
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_weights_update_group(request: Request) -> JSONResponse:
+        await server.destroy_weights_group(await json_body(request))
+        return JSONResponse({"success": True, "message": "Succeeded to destroy custom process group."})
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> JSONResponse:

@@ -1,7 +1,8 @@
 """SGLang behind the `Engine` protocol, over its native `/generate` API (token ids in, ids + log-probs out).
 
 Weight updates: `/pause_generation` (mode abort: in-flight requests return with what they have, new ones
-wait), `/update_weights_from_disk` with a `weight_version` label, `/continue_generation`. Aborted requests
+wait), `/update_weights_from_disk` with a `weight_version` label (or, collective, one
+`/update_weights_from_distributed` per bucket after `/init_weights_update_group`), `/continue_generation`. Aborted requests
 are resent with their tokens so far. With `update_kv: keep` the pause is in place and the update keeps the
 cache (`flush_cache: false`): running requests go on under the new weights with the KV the old ones
 computed, nothing is resent or prefilled again (PipelineRL's in-flight update). SGLang reports the label of
@@ -11,10 +12,12 @@ version when it is an integer (per token when the server lists them, as `asearch
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
 
 from pydantic import Field
@@ -30,6 +33,7 @@ from asearch.engine.http import (
 from asearch.engine.registry import EngineConfig, register_engine
 from asearch.engine.supervisor import ServerSupervisor, SupervisorConfig
 from asearch.engine.types import UPDATE_KV_HELP, GenerateRequest, UpdateKV, WeightSource
+from asearch.engine.weight_group import Bucket, GroupAddress
 from asearch.errors import RemoteError
 
 log = logging.getLogger(__name__)
@@ -93,13 +97,58 @@ class SGLangEngine(ResumableRemoteEngine):
         self._open_gate()
 
     async def update_weights(self, source: WeightSource, version: int) -> None:
-        """pause_generation(abort) -> update_weights_from_disk(weight_version=version) -> continue_generation;
-        with `update_kv: keep`, pause_generation(in_place) and an update that keeps the cache.
+        """Every server loads the directory `source` (update_weights_from_disk, labelled `version`) inside
+        `_update_window`'s pause."""
+        path = check_weights_dir(source)
+        keep = self.updates_in_place
+        async with self._update_window(version, path):
+            for s in self._servers:
+                body = {
+                    "model_path": str(path),
+                    "weight_version": str(version),
+                    "flush_cache": not keep,  # the radix cache holds KV computed by the old weights
+                    "abort_all_requests": not keep,
+                }
+                await self._post_update(s, "/update_weights_from_disk", body, str(path))
+
+    async def init_weights_update_group(self, address: GroupAddress, rank_offset: int, ranks_per_server: int = 1) -> None:
+        """Every server joins the trainer's weight group (server i from rank `rank_offset + i * ranks_per_server`:
+        SGLang adds its tensor-parallel ranks); returns once the group is formed, so the trainer joins meanwhile."""
+        await asyncio.gather(
+            *(
+                self._post_update(
+                    s, "/init_weights_update_group", address.body(rank_offset + i * ranks_per_server), address.group_name
+                )
+                for i, s in enumerate(self._servers)
+            )
+        )
+
+    async def update_weights_from_distributed(self, buckets: Sequence[Bucket], version: int, group_name: str) -> None:
+        """Receive `version` over the weight group, bucket by bucket, while the trainer broadcasts it: the same
+        pause and resume as `update_weights`; the last bucket carries the version label (and the cache flush)."""
+        keep = self.updates_in_place
+        async with self._update_window(version, f"group {group_name}"):
+            for i, bucket in enumerate(buckets):
+                body = bucket.body(group_name)
+                body |= {"flush_cache": not keep and i == len(buckets) - 1, "abort_all_requests": False}
+                if i == len(buckets) - 1:
+                    body["weight_version"] = str(version)
+                await asyncio.gather(
+                    *(self._post_update(s, "/update_weights_from_distributed", body, group_name) for s in self._servers)
+                )
+
+    async def destroy_weights_update_group(self, group_name: str) -> None:
+        for s in self._servers:
+            await s.post_json("/destroy_weights_update_group", {"group_name": group_name}, retries=0)
+
+    @contextlib.asynccontextmanager
+    async def _update_window(self, version: int, source: Any) -> AsyncIterator[None]:
+        """pause_generation(abort) -> the update -> continue_generation, recorded as `version`; with
+        `update_kv: keep`, pause_generation(in_place) and an update that keeps the cache.
 
         SGLang's abort-mode pause returns only once nothing runs, and requests that arrive while paused
         wait at the server until it continues, so they run (and are labelled) under the new weights.
         """
-        path = check_weights_dir(source)
         keep = self.updates_in_place
         async with self._update_lock:
             start = time.monotonic()
@@ -110,21 +159,8 @@ class SGLangEngine(ResumableRemoteEngine):
                     for s in self._servers:
                         await s.post_json("/pause_generation", {"mode": "in_place" if keep else "abort"})
                 try:
-                    for s in self._servers:
-                        body = {
-                            "model_path": str(path),
-                            "weight_version": str(version),
-                            "flush_cache": not keep,  # the radix cache holds KV computed by the old weights
-                            "abort_all_requests": not keep,
-                        }
-                        # No retry: a half-applied update must be looked at, not repeated blindly.
-                        resp = await s.post_json("/update_weights_from_disk", body, retries=0)
-                        if not (resp or {}).get("success", False):
-                            raise RemoteError(
-                                f"SGLang server {s.base_url} refused /update_weights_from_disk for {path}: "
-                                f"{(resp or {}).get('message')!r}"
-                            )
-                    self._record_update(version, start, path)
+                    yield
+                    self._record_update(version, start, source)
                 finally:
                     if not self._user_paused:
                         for s in self._servers:
@@ -132,6 +168,12 @@ class SGLangEngine(ResumableRemoteEngine):
             finally:
                 self._updating = False
                 self._open_gate()
+
+    async def _post_update(self, server: JsonHttpClient, path: str, body: dict, what: str) -> None:
+        # No retry: a half-applied update must be looked at, not repeated blindly.
+        resp = await server.post_json(path, body, retries=0)
+        if not (resp or {}).get("success", False):
+            raise RemoteError(f"SGLang server {server.base_url} refused {path} for {what}: {(resp or {}).get('message')!r}")
 
     async def flush_cache(self) -> None:
         """Drop every server's radix (prefix) cache."""

@@ -17,7 +17,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,6 +36,7 @@ from asearch.engine.http import (
 from asearch.engine.registry import EngineConfig, register_engine
 from asearch.engine.supervisor import ServerSupervisor, SupervisorConfig
 from asearch.engine.types import GenerateRequest, WeightSource
+from asearch.engine.weight_group import Bucket, GroupAddress
 from asearch.errors import RemoteError
 from asearch.net import free_port
 
@@ -210,6 +211,22 @@ class VLLMEngine(ResumableRemoteEngine):
             self._extension_urls.add(s.base_url)
 
     async def _reload(self, path: Path, version: int, rpc: str) -> None:
+        async def load() -> None:
+            for s in self._servers:
+                # No retry: a failed reload leaves vLLM's engine core dead (the server then exits and a
+                # supervisor restarts it on the last good directory).
+                await s.post_json(
+                    "/collective_rpc", {"method": rpc, "kwargs": {"weights_path": str(path)}}, retries=0
+                )
+            # Crash restarts must come back with the weights the version counter claims.
+            for sup in self.supervisors:
+                sup.command = with_model_arg(sup.command, path)
+
+        await self._paused_update(version, load)
+
+    async def _paused_update(self, version: int, load: Callable[[], Awaitable[None]]) -> None:
+        """pause (abort) -> wait until every chunk is back -> `load()` -> reset the prefix caches and relabel
+        -> resume."""
         await self._server_pause("abort")
         if self._no_server_pause:
             raise RemoteError(
@@ -218,21 +235,72 @@ class VLLMEngine(ResumableRemoteEngine):
             )
         try:
             await self._wait_drained(self.cfg.drain_timeout_s, abort_on_servers="/abort_requests")
+            await load()
             for s in self._servers:
-                # No retry: a failed reload leaves vLLM's engine core dead (the server then exits and a
-                # supervisor restarts it on the last good directory).
-                await s.post_json(
-                    "/collective_rpc", {"method": rpc, "kwargs": {"weights_path": str(path)}}, retries=0
-                )
                 await s.post_json("/reset_prefix_cache", None, retries=1)
                 # the server-side label (GET /weight_info); informational, our tags do not depend on it
                 await s.post_json("/update_weight_version", {"new_version": str(version)}, retries=1)
-            # Crash restarts must come back with the weights the version counter claims.
-            for sup in self.supervisors:
-                sup.command = with_model_arg(sup.command, path)
         finally:
             if not self._user_paused:
                 await self._server_resume()
+
+    # ------------------------------------------------------------------ collective weight sync
+
+    async def init_weights_update_group(self, address: GroupAddress, rank_offset: int, ranks_per_server: int = 1) -> None:
+        """Every server's workers join the trainer's weight group through the worker extension (server i's
+        worker w as rank `rank_offset + i * ranks_per_server + w`); returns once the group is formed."""
+        for s in self._servers:
+            if await self._extension_version(s) < 2:
+                raise RemoteError(
+                    f"vLLM server {s.base_url} has no weight-group methods: start it with asearch's worker "
+                    f"extension ({WORKER_EXTENSION}, as vllm_server_command does), or use rollout_servers.weights=disk"
+                )
+        await asyncio.gather(
+            *(
+                s.post_json(
+                    "/collective_rpc",
+                    {"method": "asearch_init_weight_group", "kwargs": address.body(rank_offset + i * ranks_per_server)},
+                    retries=0,
+                )
+                for i, s in enumerate(self._servers)
+            )
+        )
+
+    async def update_weights_from_distributed(self, buckets: Sequence[Bucket], version: int, group_name: str) -> None:
+        """Receive `version` over the weight group while the trainer broadcasts it, bucket by bucket (the last
+        one reloads in place), inside the same pause as a reload from a directory."""
+
+        async def load() -> None:
+            for i, bucket in enumerate(buckets):
+                kwargs = {**bucket.body(group_name), "load": i == len(buckets) - 1}
+                rpc = {"method": "asearch_receive_weights", "kwargs": kwargs}
+                await asyncio.gather(*(s.post_json("/collective_rpc", rpc, retries=0) for s in self._servers))
+
+        async with self._update_lock:
+            start = time.monotonic()
+            self._updating = True
+            self._admit.clear()
+            try:
+                await self._paused_update(version, load)
+                self._record_update(version, start, Path(f"group {group_name}"))
+            finally:
+                self._updating = False
+                self._open_gate()
+
+    async def destroy_weights_update_group(self, group_name: str) -> None:
+        rpc = {"method": "asearch_destroy_weight_group", "kwargs": {"group_name": group_name}}
+        for s in self._servers:
+            await s.post_json("/collective_rpc", rpc, retries=0)
+
+    async def _extension_version(self, server: JsonHttpClient) -> int:
+        try:
+            data = await server.post_json("/collective_rpc", {"method": "asearch_extension_version"}, retries=0)
+        except RemoteHTTPError as e:
+            if e.status_code in (404, 500):  # no dev endpoints, or no worker has the method
+                return 0
+            raise
+        results = (data or {}).get("results") or ["0"]
+        return min(int(r) for r in results)
 
     async def _server_pause(self, mode: Literal["abort", "keep"]) -> None:
         if self._no_server_pause:

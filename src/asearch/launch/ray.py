@@ -103,8 +103,12 @@ class TrainerRankActor:
     def set_tokenizer(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer  # written next to every saved model (rank 0)
 
-    def save_hf(self, directory: str) -> str:
-        return str(self.trainer.save_hf(directory, getattr(self, "tokenizer", None)))
+    def save_hf(self, directory: str, dtype: str | None = None) -> str:
+        return str(self.trainer.save_hf(directory, getattr(self, "tokenizer", None), dtype))
+
+    def weight_call(self, method: str, *args: Any) -> Any:
+        """A collective weight-sync method of the trainer (`asearch.rl.broadcast.BroadcastsWeights`)."""
+        return getattr(self.trainer, method)(*args)
 
     def state_dict(self) -> dict[str, Any] | None:
         state = self.trainer.state_dict()  # collective: every rank, the full state on rank 0
@@ -180,11 +184,31 @@ class RayTrainerGroup:
         ref = ray.put(list(samples))  # one copy in the object store, read by every rank
         return self._all("train_step", ref, policy_version, progress)[0]
 
-    def save_hf(self, directory: str | os.PathLike[str], tokenizer: Any = None) -> Path:
+    def save_hf(self, directory: str | os.PathLike[str], tokenizer: Any = None, dtype: str | None = None) -> Path:
         if tokenizer is not self._tokenizer:
             self._all("set_tokenizer", tokenizer)
             self._tokenizer = tokenizer
-        return Path(self._all("save_hf", str(directory))[0])
+        return Path(self._all("save_hf", str(directory), dtype)[0])
+
+    # collective weight sync (asearch.rl.broadcast): every rank takes part, rank 0's answer counts
+    def weight_shapes(self) -> list[tuple[str, list[int]]]:
+        return self._all("weight_call", "weight_shapes")[0]
+
+    def weight_backend(self) -> str:
+        return self._all("weight_call", "weight_backend")[0]
+
+    def open_weight_store(self, server_urls: Sequence[str], timeout_s: float = 600.0) -> tuple[str, int] | None:
+        return self._all("weight_call", "open_weight_store", list(server_urls), timeout_s)[0]
+
+    def join_weight_group(self, address: Any, timeout_s: float = 600.0) -> None:
+        self._all("weight_call", "join_weight_group", address, timeout_s)
+
+    def broadcast_weights(self, dtype: str = "bfloat16") -> int:
+        return self._all("weight_call", "broadcast_weights", dtype)[0]
+
+    def leave_weight_group(self) -> None:
+        self._all("weight_call", "leave_weight_group")
+
 
     def state_dict(self) -> dict[str, Any]:
         return self._all("state_dict")[0]

@@ -34,7 +34,7 @@ from asearch.metrics.reward import RewardConfig
 from asearch.rl.checkpoint import resume_from_checkpoint
 from asearch.rl.loop import EvalSchedule, LoopConfig, TrainingLoop, write_summary
 from asearch.rl.trainer import PolicyTrainer, Trainer
-from asearch.rl.weights import DiskWeights, LiveWeights, WeightSync
+from asearch.rl.weights import CollectiveWeights, DiskWeights, LiveWeights, WeightSync, weight_metrics
 from asearch.runs import RunDir
 from asearch.tools import ToolsConfig, build_tools, tool_metrics
 from asearch.tools.replay import RECORD_DIR
@@ -173,7 +173,7 @@ async def train(cfg: TrainConfig, *, run: RunDir, log: Log = print, model: Any =
         loop = TrainingLoop(
             cfg, run=run, engine=engine, trainer=trainer, workflow=workflow, records=records, weights=weights,
             resume=resume, log=log,
-            step_metrics=lambda: {**tool_metrics(tools, end_step=True), **engine_counts()},
+            step_metrics=lambda: {**tool_metrics(tools, end_step=True), **engine_counts(), **weight_metrics(weights)},
             heldout=None if heldout_workflow is None else _heldout_eval(heldout_workflow, engine, heldout, cfg),
         )  # fmt: skip
         summary = await loop.run()
@@ -322,12 +322,22 @@ async def rollout_engine(
         await asyncio.to_thread(launcher.start)
     urls, sups = (launcher.urls, launcher.supervisors) if launcher else (servers.urls, [])
     engine = open_pool(servers, urls, supervisors=sups, version=version)
-    log(f"generation: {len(urls)} {servers.kind} rollout server(s) ({', '.join(urls)}), weights via disk")
+    weights: DiskWeights | CollectiveWeights
+    weights = disk = DiskWeights(engine, trainer, tokenizer, run / "weights", servers.keep_weights, servers.weights_disk_dtype)
+    if servers.weights == "collective" and engine.supports_weight_group() and hasattr(trainer, "broadcast_weights"):
+        tp = servers.vllm.tensor_parallel_size if servers.kind == "vllm" else 1
+        weights = CollectiveWeights(
+            engine, trainer, disk, list(urls), servers.weights_bucket_mb, servers.weights_dtype, servers.weights_timeout_s, tp
+        )  # fmt: skip
+    how = "a weight group (collective)" if isinstance(weights, CollectiveWeights) else "disk"
+    log(f"generation: {len(urls)} {servers.kind} rollout server(s) ({', '.join(urls)}), weights via {how}")
     try:
-        weights = DiskWeights(engine, trainer, tokenizer, run / "weights", servers.keep_weights)
         await weights.push(version)
         yield engine, weights
     finally:
+        if isinstance(weights, CollectiveWeights):
+            with contextlib.suppress(Exception):  # servers already gone: nothing to leave
+                await weights.close()
         await engine.close()
         if launcher is not None:
             launcher.write_manifest()

@@ -194,11 +194,12 @@ class DistributedPolicyTrainer(PolicyTrainer):
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_model_state_dict(self.model, options=opts)
 
-    def save_hf(self, directory: str | os.PathLike[str], tokenizer: Any = None) -> Path:
-        """Rank 0 writes the full model as a Hugging Face directory; every rank returns once it is there."""
+    def save_hf(self, directory: str | os.PathLike[str], tokenizer: Any = None, dtype: str | None = None) -> Path:
+        """Rank 0 writes the full model as a Hugging Face directory (tensors in `dtype` if given); every rank
+        returns once it is there."""
         state = self.full_state_dict()
         if self.env.is_main:
-            write_hf_dir(self.model, directory, tokenizer=tokenizer, state_dict=state)
+            write_hf_dir(self.model, directory, tokenizer=tokenizer, state_dict=state, dtype=dtype)
         dist.barrier()
         return Path(directory)
 

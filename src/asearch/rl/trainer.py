@@ -41,6 +41,7 @@ from asearch.models.lora import (
     merged_state_dict,
 )
 from asearch.rl.advantages import AdvantageConfig, group_advantages
+from asearch.rl.broadcast import BroadcastsWeights
 from asearch.rl.loss import LossConfig, corrected_weights, decoupled_ppo_loss, episode_weights
 from asearch.rl.optim import OptimConfig, lr_factor, make_optimizer, raise_if_diverged
 
@@ -231,7 +232,7 @@ class Trainer(Protocol):
 
     def train_step(self, samples: Sequence[Sample], *, policy_version: int, progress: float | None = None) -> dict[str, float]: ...
 
-    def save_hf(self, directory: str | os.PathLike[str], tokenizer: Any = None) -> Path: ...
+    def save_hf(self, directory: str | os.PathLike[str], tokenizer: Any = None, dtype: str | None = None) -> Path: ...
 
     def state_dict(self) -> dict[str, Any]: ...
 
@@ -257,7 +258,7 @@ def frozen_copy(model: Any) -> Any:
     return reference
 
 
-class PolicyTrainer:
+class PolicyTrainer(BroadcastsWeights):
     """`reference`: the KL penalty's policy (`loss.kl_coef > 0`); default, a frozen copy of `model` as given,
     or with LoRA the same model with its adapters switched off (no copy)."""
 
@@ -436,16 +437,18 @@ class PolicyTrainer:
         alpha = torch.where(v_theta - v_behav < 1e-9, torch.ones_like(alpha), alpha)
         return behav + alpha * (logp.detach().cpu() - behav)
 
-    def save_hf(self, directory: str | os.PathLike[str], tokenizer: Any = None) -> Path:
+    def save_hf(self, directory: str | os.PathLike[str], tokenizer: Any = None, dtype: str | None = None) -> Path:
         """The policy as a Hugging Face directory (config + safetensors, and the tokenizer if given):
         what `engine.update_weights(directory, version)` loads on a rollout server. With LoRA: the merged
-        weights, and the adapters alone in `directory/adapter` (peft's format)."""
+        weights, and the adapters alone in `directory/adapter` (peft's format). `dtype`: the tensors' (default:
+        the model's own)."""
         if not is_lora(self.model):
-            return write_hf_dir(self.model, directory, tokenizer=tokenizer)
+            return write_hf_dir(self.model, directory, tokenizer=tokenizer, dtype=dtype)
         return write_hf_dir(
             base_model(self.model), directory, tokenizer=tokenizer, state_dict=merged_state_dict(self.model),
-            adapter=self.model,
+            adapter=self.model, dtype=dtype,
         )
+
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -475,12 +478,14 @@ class PolicyTrainer:
 
 def write_hf_dir(
     model: Any, directory: str | os.PathLike[str], *, tokenizer: Any = None, state_dict: dict | None = None,
-    adapter: Any = None,
+    adapter: Any = None, dtype: str | None = None,
 ) -> Path:
-    """`model.save_pretrained` (with `state_dict` instead of the model's own, if given; a peft `adapter`'s
-    own files under `adapter/`) into a temporary sibling that then replaces `directory`, so a server never
-    reads a half-written directory."""
+    """`model.save_pretrained` (with `state_dict` instead of the model's own, if given, its tensors cast to
+    `dtype` if given; a peft `adapter`'s own files under `adapter/`) into a temporary sibling that then
+    replaces `directory`, so a server never reads a half-written directory."""
     directory = Path(directory)
+    if dtype is not None:
+        state_dict = cast_state_dict(model.state_dict() if state_dict is None else state_dict, dtype)
     tmp = directory.with_name(f".tmp-{directory.name}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, state_dict=state_dict)
@@ -491,3 +496,19 @@ def write_hf_dir(
     shutil.rmtree(directory, ignore_errors=True)
     tmp.rename(directory)
     return directory
+
+
+def cast_state_dict(state: dict[str, Any], dtype: str) -> dict[str, Any]:
+    """`state` with its floating-point tensors in `dtype`; tensors that shared storage (a tied LM head) still
+    share it, so save_pretrained still recognises them as tied."""
+    to = getattr(torch, dtype)
+    cast: dict[int, Any] = {}
+    out = {}
+    for name, t in state.items():
+        if not t.is_floating_point():
+            out[name] = t
+            continue
+        if t.data_ptr() not in cast:
+            cast[t.data_ptr()] = t.detach().to(to)
+        out[name] = cast[t.data_ptr()]
+    return out

@@ -3,27 +3,47 @@
 - `LiveWeights`: the in-process engine shares this process's policy; it gets the live state dict (it
   pauses its requests, recomputes their KV caches under the new weights and resumes them itself).
 - `DiskWeights`: rollout servers load each version from RUN/weights/v{version}, written atomically by
-  `trainer.save_hf`; `engine.update_weights` pauses every server, loads it and resumes. The latest
-  `keep` versions stay on disk (a server may still be reading the previous one).
+  `trainer.save_hf` (in `dtype`: bfloat16 by default); `engine.update_weights` pauses every server, loads
+  it and resumes. The latest `keep` versions stay on disk (a server may still be reading the previous one).
+- `CollectiveWeights`: the trainer's rank 0 broadcasts each version over a weight group that every rollout
+  server joins (`asearch.rl.broadcast`, `asearch.engine.weight_group`), while the pool sends the servers the
+  update's metadata bucket by bucket. A version goes by disk instead while the group is not whole (a server
+  restarted or left the pool: it gets that version from disk when it rejoins), and the group is formed
+  again, with every server, on the next push.
+
+Each push leaves its seconds and bytes in `metrics()` (`weights/sync_s`, `weights/sync_bytes`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import logging
 import shutil
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from asearch.engine.pool import EnginePool
 from asearch.engine.types import Engine
+from asearch.engine.weight_group import GroupAddress, parse_dtype, plan_buckets
 from asearch.models.lora import merged_state_dict
 from asearch.rl.trainer import PolicyTrainer, Trainer
+
+log = logging.getLogger(__name__)
 
 
 class WeightSync(Protocol):
     async def push(self, version: int) -> None:
         """Make `version` the engine's weights (tokens sampled after it carry that version)."""
         ...
+
+
+def weight_metrics(weights: object) -> dict[str, float]:
+    """The last push's `weights/*` metrics, for a sync that measures them (`DiskWeights`, `CollectiveWeights`)."""
+    metrics = getattr(weights, "metrics", None)
+    return metrics() if callable(metrics) else {}
 
 
 @dataclass
@@ -42,12 +62,105 @@ class DiskWeights:
     tokenizer: Any  # saved beside every version, so a server can load it as a model directory
     directory: Path  # RUN/weights
     keep: int
+    dtype: str | None = "bfloat16"  # of the saved tensors (None: the model's own)
+    last: dict[str, float] = field(default_factory=dict)
 
     async def push(self, version: int) -> None:
-        path = await asyncio.to_thread(self.trainer.save_hf, self.directory / f"v{version}", self.tokenizer)
+        t0 = time.perf_counter()
+        path = await asyncio.to_thread(
+            self.trainer.save_hf, self.directory / f"v{version}", self.tokenizer, self.dtype
+        )
         await self.engine.update_weights(path, version)
+        size = sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
+        self.last = {
+            "weights/sync_s": time.perf_counter() - t0,
+            "weights/sync_bytes": float(size),
+            "weights/collective": 0.0,
+        }
         saved = {int(p.name[1:]): p for p in self.directory.glob("v[0-9]*")}
         older = sorted(v for v in saved if v < version)
         newer = [v for v in saved if v > version]  # written before a kill, by steps that resume redoes
         for v in older[: max(len(older) - (self.keep - 1), 0)] + newer:
             shutil.rmtree(saved[v], ignore_errors=True)
+
+    def metrics(self) -> dict[str, float]:
+        return dict(self.last)
+
+
+@dataclass
+class CollectiveWeights:
+    """Versions broadcast by the trainer to every server of `engine` over a weight group (see the module)."""
+
+    engine: EnginePool
+    trainer: Any  # a trainer with `BroadcastsWeights`' methods (PolicyTrainer, DistributedPolicyTrainer, Ray group)
+    disk: DiskWeights  # the fallback, and where a restarted server finds the latest version
+    urls: list[str]  # the servers', to find the address they reach the trainer by
+    bucket_mb: float = 512.0
+    dtype: str = "bfloat16"
+    timeout_s: float = 600.0
+    ranks_per_server: int = 1  # a server's members of the group (its tensor-parallel size)
+    last: dict[str, float] = field(default_factory=dict)
+    _group: str | None = None
+    _names: itertools.count = field(default_factory=itertools.count)
+
+    async def push(self, version: int) -> None:
+        t0 = time.perf_counter()
+        if self._group is not None and not self.engine.weight_group_intact():
+            log.warning(
+                "weight group %s lost a server: version %d goes by disk, the group forms again after",
+                self._group,
+                version,
+            )
+            await self.close()
+        elif self._group is None and all(m.up for m in self.engine.members):
+            await self._form_group()
+        if self._group is None:
+            await self.disk.push(version)
+            self.last = self.disk.metrics()
+            return
+        shapes = await asyncio.to_thread(self.trainer.weight_shapes)
+        buckets = plan_buckets(
+            shapes, bucket_bytes=int(self.bucket_mb * 2**20), dtype=parse_dtype(self.dtype)
+        )
+        sent, _ = await asyncio.gather(
+            asyncio.to_thread(self.trainer.broadcast_weights, self.dtype),
+            self.engine.update_weights_from_distributed(buckets, version, self._group),
+        )
+        self.last = {
+            "weights/sync_s": time.perf_counter() - t0,
+            "weights/sync_bytes": float(sent),
+            "weights/collective": 1.0,
+        }
+
+    async def _form_group(self) -> None:
+        """The trainer hosts the rendezvous, then it and every server join at once (each blocks until all have)."""
+        t0 = time.perf_counter()
+        name = f"asearch-weights-{next(self._names)}"
+        host, port = await asyncio.to_thread(self.trainer.open_weight_store, self.urls, self.timeout_s)
+        backend = await asyncio.to_thread(self.trainer.weight_backend)
+        world = 1 + self.ranks_per_server * len(self.engine.members)
+        address = GroupAddress(host, port, world, name, backend)
+        await asyncio.gather(
+            asyncio.to_thread(self.trainer.join_weight_group, address, self.timeout_s),
+            self.engine.init_weights_update_group(address, self.ranks_per_server),
+        )
+        self._group = name
+        log.info(
+            "weight group %s: trainer + %d server ranks (%s at %s:%d) in %.2fs",
+            name,
+            world - 1,
+            backend,
+            host,
+            port,
+            time.perf_counter() - t0,
+        )
+
+    async def close(self) -> None:
+        """Servers and trainer leave the group (the next push forms a new one)."""
+        name, self._group = self._group, None
+        if name is not None:
+            await self.engine.destroy_weights_update_group(name)
+            await asyncio.to_thread(self.trainer.leave_weight_group)
+
+    def metrics(self) -> dict[str, float]:
+        return dict(self.last)
