@@ -37,6 +37,17 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from asearch.engine.chat_tools import (
+    FormatName,
+    ParsedReply,
+    ToolRequest,
+    ToolRequestError,
+    parse_reply,
+    streamable,
+    template_message,
+    tool_call_format,
+    tool_request,
+)
 from asearch.engine.types import GenerateResponse, SamplingParams
 
 if TYPE_CHECKING:
@@ -152,7 +163,6 @@ UNSUPPORTED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("repetition_penalty", lambda v: v in (None, 1), "penalties are not supported: send 1"),
     ("min_p", lambda v: v in (None, 0), "min_p is not supported: send 0"),
     ("logit_bias", lambda v: not v, "logit_bias is not supported"),
-    ("tools", lambda v: not v, "tool calling is not supported: describe tools in the messages"),
     ("functions", lambda v: not v, "function calling is not supported"),
     (
         "response_format",
@@ -260,8 +270,9 @@ def check_model(body: dict[str, Any], served: str) -> None:
 # --------------------------------------------------------------------------- prompts
 
 
-def _message(m: Any, i: int) -> dict[str, str]:
-    """One chat message as the template wants it: {role, content}, text parts joined by newlines."""
+def _message(m: Any, i: int) -> dict[str, Any]:
+    """One chat message as the template wants it: {role, content}, text parts joined by newlines, with an
+    assistant's `tool_calls` and a tool turn's `tool_call_id` (`chat_tools.template_message`)."""
     where = f"messages[{i}]"
     if not isinstance(m, dict) or not isinstance(m.get("role"), str):
         raise APIError(f"{where} must be an object with a string role, got {m!r}", param=where)
@@ -284,11 +295,42 @@ def _message(m: Any, i: int) -> dict[str, str]:
         content = ""
     elif not isinstance(content, str):
         raise APIError(f"{where}.content must be a string or a list of text parts", param=f"{where}.content")
-    return {"role": m["role"], "content": content}
+    try:
+        return template_message(m, content)
+    except ToolRequestError as e:
+        raise APIError(f"{where}: {e}", param=where) from None
 
 
-def chat_prompt(tokenizer: PreTrainedTokenizerBase, body: dict[str, Any], served: str) -> list[int]:
-    """The prompt ids of a chat request: its messages rendered with the tokenizer's chat template.
+@dataclass(frozen=True, slots=True)
+class ChatTools:
+    """A chat request's tools and the format its replies are parsed in (the chat template's)."""
+
+    request: ToolRequest
+    format: FormatName
+
+
+def chat_tools(tokenizer: PreTrainedTokenizerBase, body: dict[str, Any], served: str) -> ChatTools | None:
+    """The request's tools (None without any); refused when the model's chat template renders none."""
+    try:
+        request = tool_request(body)
+    except ToolRequestError as e:
+        raise APIError(str(e), param=e.param) from None
+    if request is None:
+        return None
+    fmt = tool_call_format(tokenizer)
+    if fmt is None:
+        raise APIError(
+            f"the chat template of {served!r} does not render tools, so the model cannot be offered any: "
+            "describe them in the messages instead",
+            param="tools",
+        )
+    return ChatTools(request, fmt)
+
+
+def chat_prompt(
+    tokenizer: PreTrainedTokenizerBase, body: dict[str, Any], served: str, tools: ChatTools | None = None
+) -> list[int]:
+    """The prompt ids of a chat request: its messages (and `tools`) rendered with the tokenizer's chat template.
 
     vLLM's `add_generation_prompt` (default true) and `continue_final_message` (default false: continue the
     last, assistant message instead of opening a new reply) are honoured; `OpenAIChatEngine` sends them.
@@ -316,6 +358,7 @@ def chat_prompt(tokenizer: PreTrainedTokenizerBase, body: dict[str, Any], served
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final,
+            **({"tools": list(tools.request.tools)} if tools is not None else {}),
         )
     except Exception as e:  # noqa: BLE001 - jinja's TemplateError (roles that must alternate, ...) and kin
         raise APIError(f"the chat template cannot render these messages: {e}", param="messages") from None
@@ -451,11 +494,15 @@ class Choice:
     ends: frozenset[int]  # stop token ids: the token that ends the choice is not part of its text
     ids: list[int] = field(default_factory=list)
     visible: list[tuple[int, float]] = field(default_factory=list)  # (id, log-prob) of the text's tokens
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it (vLLM's field)
     reported: int = 0  # visible tokens whose log-probs have been written
     text_offset: int = 0  # completions log-probs: where the next written token starts in the text
     on_change: Callable[[Choice], None] | None = None  # streaming: called after every token and at the end
+    tools: ChatTools | None = None  # the request's tools: the reply is parsed for calls (unless tool_choice none)
+    reply: ParsedReply | None = None  # the parsed reply, once done (tools only)
+    seen: str = ""  # streaming with tools: the text taken from the tracker so far
+    released: int = 0  # streaming with tools: seen[:released] went out as content
 
     def add(self, token_id: int, logprob: float) -> None:
         self.ids.append(token_id)
@@ -487,8 +534,27 @@ class Choice:
             self.stop_reason = self.ids[-1] if self.ids and self.ids[-1] in self.ends else None
         else:
             self.finish_reason = "length"
+        if self.tools is not None and self.tools.request.parse:
+            self._parse_calls(server)
         if self.on_change is not None:
             self.on_change(self)
+
+    def _parse_calls(self, server: TokenServer) -> None:
+        """Read the finished text as content + tool calls; a call that does not parse leaves it text, counted
+        in the server's `counts` (`tool_call_parse_errors`)."""
+        assert self.tools is not None
+        self.reply = parse_reply(self.tracker.content, self.tools.format, self.tools.request.names)
+        counts = getattr(server, "counts", None)
+        if isinstance(counts, dict):
+            key = "tool_call_parse_errors" if self.reply.malformed else "tool_calls"
+            counts[key] = counts.get(key, 0) + (1 if self.reply.malformed else len(self.reply.calls))
+        on_reply = getattr(server, "on_reply", None)  # a training session records what the reply was
+        if callable(on_reply):
+            on_reply(self.reply)
+        if self.reply.malformed:
+            log.info("a malformed tool call is answered as text: %s", self.reply.malformed)
+        if self.reply.calls and self.finish_reason == "stop":
+            self.finish_reason = "tool_calls"
 
 
 async def run_choices(
@@ -561,7 +627,7 @@ class Completion:
         for c in self.choices:
             text = c.tracker.content
             body: dict[str, Any] = {"index": c.index}
-            body.update({"message": {"role": "assistant", "content": text}} if self.chat else {"text": text})
+            body.update({"message": self.message(c)} if self.chat else {"text": text})
             body.update(
                 logprobs=self.logprobs(c, c.visible), finish_reason=c.finish_reason, stop_reason=c.stop_reason
             )
@@ -574,6 +640,16 @@ class Completion:
             "choices": choices,
             "usage": self.usage(),
         }
+
+    @staticmethod
+    def message(c: Choice) -> dict[str, Any]:
+        """A finished chat choice's assistant message: its text, or its parsed content and tool calls."""
+        if c.reply is None:
+            return {"role": "assistant", "content": c.tracker.content}
+        message: dict[str, Any] = {"role": "assistant", "content": c.reply.content}
+        if c.reply.calls:
+            message["tool_calls"] = [call.openai() for call in c.reply.calls]
+        return message
 
     def chunk(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> str:
         body: dict[str, Any] = {
@@ -600,6 +676,9 @@ class Completion:
         """The stream chunk entry for what `c` has new since the last one (None when nothing is)."""
         text = c.tracker.take()
         ended = c.finish_reason is not None and c.tracker.done
+        calls = []
+        if c.tools is not None and c.tools.request.parse:
+            text, calls = self._tool_delta(c, text, ended)
         new = c.visible[c.reported :] if self.options.logprobs and (text or ended) else []
         if not (text or new or ended):
             return None
@@ -607,12 +686,31 @@ class Completion:
         c.reported += len(new)
         if self.chat:
             entry["delta"] = {"content": text} if text else {}
+            if calls:
+                entry["delta"]["tool_calls"] = [{"index": i, **call.openai()} for i, call in enumerate(calls)]
         else:
             entry["text"] = text
         entry["finish_reason"] = c.finish_reason if ended else None
         if ended:
             entry["stop_reason"] = c.stop_reason
         return entry
+
+
+    @staticmethod
+    def _tool_delta(c: Choice, piece: str, ended: bool) -> tuple[str, list[Any]]:
+        """(content to send now, calls to send now) of a streamed choice whose reply is parsed for calls: text
+        goes out until a call may start (`chat_tools.streamable`); the rest waits for the end, where the
+        reply is either calls (sent whole) or, malformed or none, text."""
+        c.seen += piece
+        if not ended:
+            safe = streamable(c.seen, c.tools.format) if c.tools is not None else len(c.seen)
+            out = c.seen[c.released : safe] if safe > c.released else ""
+            c.released = max(c.released, safe)
+            return out, []
+        assert c.reply is not None
+        content = c.reply.content or ""
+        out, c.released = content[c.released :], len(content)
+        return out, list(c.reply.calls)
 
 
 async def stream_events(
@@ -675,14 +773,19 @@ def model_card(server: TokenServer) -> dict[str, Any]:
 async def complete(
     server: TokenServer, body: dict[str, Any], *, chat: bool
 ) -> JSONResponse | StreamingResponse:
-    """Answer one `/v1/chat/completions` (chat) or `/v1/completions` request body."""
-    check_model(body, server.served_model_name)
+    """Answer one `/v1/chat/completions` (chat) or `/v1/completions` request body. A server with
+    `accept_any_model` (a training session) answers whatever `model` a request names; `max_choices` caps n."""
+    if not getattr(server, "accept_any_model", False):
+        check_model(body, server.served_model_name)
     tokenizer = getattr(server.engine, "tokenizer", None)
     if tokenizer is None:
         raise APIError("this server's engine has no tokenizer: OpenAI requests need one")
     options = request_options(body, chat=chat)
+    if options.n > getattr(server, "max_choices", MAX_CHOICES):
+        raise APIError(f"n={options.n}: this server answers at most {server.max_choices} choice(s)", param="n")  # type: ignore[attr-defined]
+    tools = chat_tools(tokenizer, body, server.served_model_name) if chat else None
     prompts = (
-        [chat_prompt(tokenizer, body, server.served_model_name)]
+        [chat_prompt(tokenizer, body, server.served_model_name, tools)]
         if chat
         else completion_prompts(tokenizer, body)
     )
@@ -695,7 +798,7 @@ async def complete(
         for j in range(options.n):  # choices of one prompt differ: each gets its own seed (seed + j)
             sampling.append(sp if sp.seed is None else dataclasses.replace(sp, seed=sp.seed + j))
             tracker = TextTracker(tokenizer, sp.stop, skip_special_tokens=options.skip_special_tokens)
-            choices.append(Choice(p * options.n + j, ids, tracker, frozenset(sp.stop_token_ids)))
+            choices.append(Choice(p * options.n + j, ids, tracker, frozenset(sp.stop_token_ids), tools=tools))
     completion = Completion(
         chat, server.served_model_name, options, tokenizer, choices, sum(map(len, prompts))
     )
