@@ -88,6 +88,11 @@ class RolloutServersConfig(Config):
     weights_disk_dtype: Literal["bfloat16", "float16", "float32"] = Field(
         "bfloat16", description="The dtype of the safetensors in RUN/weights/vN (disk sync, fallback and restarts)."
     )
+    weights_backend: Literal["auto", "nccl", "gloo"] = Field(
+        "auto",
+        description="collective: the group's backend. auto: nccl when the trainer's policy is on a GPU, else gloo; "
+        "gloo when the trainer and a server share one GPU (NCCL refuses two ranks on one device).",
+    )
     weights_timeout_s: float = Field(
         600.0, gt=0, description="collective: how long forming the group or one broadcast may take before it fails."
     )
@@ -286,7 +291,6 @@ class EnginePool:
             live = [m for m in self._group if m.up]
             self._group = []
             await asyncio.gather(*(m.engine.destroy_weights_update_group(group_name) for m in live), return_exceptions=True)
-
 
     async def close(self) -> None:
         """Stop sending (requests in flight end with stop_reason 'abort'). Does not stop the servers."""

@@ -327,7 +327,8 @@ async def rollout_engine(
     if servers.weights == "collective" and engine.supports_weight_group() and hasattr(trainer, "broadcast_weights"):
         tp = servers.vllm.tensor_parallel_size if servers.kind == "vllm" else 1
         weights = CollectiveWeights(
-            engine, trainer, disk, list(urls), servers.weights_bucket_mb, servers.weights_dtype, servers.weights_timeout_s, tp
+            engine, trainer, disk, list(urls), servers.weights_bucket_mb, servers.weights_dtype, servers.weights_timeout_s, tp,
+            None if servers.weights_backend == "auto" else servers.weights_backend,
         )  # fmt: skip
     how = "a weight group (collective)" if isinstance(weights, CollectiveWeights) else "disk"
     log(f"generation: {len(urls)} {servers.kind} rollout server(s) ({', '.join(urls)}), weights via {how}")

@@ -99,6 +99,7 @@ class CollectiveWeights:
     dtype: str = "bfloat16"
     timeout_s: float = 600.0
     ranks_per_server: int = 1  # a server's members of the group (its tensor-parallel size)
+    backend: str | None = None  # the group's; None: the trainer's choice (nccl when the policy is on a GPU)
     last: dict[str, float] = field(default_factory=dict)
     _group: str | None = None
     _names: itertools.count = field(default_factory=itertools.count)
@@ -137,7 +138,7 @@ class CollectiveWeights:
         t0 = time.perf_counter()
         name = f"asearch-weights-{next(self._names)}"
         host, port = await asyncio.to_thread(self.trainer.open_weight_store, self.urls, self.timeout_s)
-        backend = await asyncio.to_thread(self.trainer.weight_backend)
+        backend = self.backend or await asyncio.to_thread(self.trainer.weight_backend)
         world = 1 + self.ranks_per_server * len(self.engine.members)
         address = GroupAddress(host, port, world, name, backend)
         await asyncio.gather(

@@ -105,9 +105,11 @@ def receive_tensors(
     shapes: Sequence[Sequence[int]],
     device: Any,
 ) -> list[tuple[str, torch.Tensor]]:
-    """Receive one update's tensors (one broadcast each, in the order listed) into new tensors on `device`."""
+    """Receive one update's tensors (one broadcast each, in the order listed) into new tensors on `device` (on
+    the CPU for a gloo group: the loader moves them)."""
     if not len(names) == len(dtypes) == len(shapes):
         raise ValueError(f"{len(names)} names, {len(dtypes)} dtypes and {len(shapes)} shapes differ")
+    device = "cpu" if group.backend == "gloo" else device
     out = []
     for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
         tensor = torch.empty(tuple(int(s) for s in shape), dtype=parse_dtype(dtype), device=device)

@@ -1,0 +1,177 @@
+"""Seconds per weight sync, trainer -> rollout servers: disk float32 (the base commit's path), disk bfloat16,
+and collective (a bfloat16 broadcast over a gloo group the servers join), one script, same servers.
+
+A Qwen2.5-0.5B-shaped random policy (bench/gpu_check.py's SHAPES) in a PolicyTrainer (or, with --fsdp, a
+DistributedPolicyTrainer of world size 1) and 2 `asearch engine serve` processes (1 thread each) that start
+from the same weights; each method pushes --repeats versions through the same `EnginePool` the RL loop
+uses (`DiskWeights` with dtype None is the base commit's `DiskWeights.push`: save_hf in the model's dtype,
+then /update_weights_from_disk on every server). A sync ends when every server serves the new version.
+
+    flock /tmp/asearch-heavy.lock .venv/bin/python bench/weight_sync.py            # ~16 GB of RAM at the 0.5B shape
+    .venv/bin/python bench/weight_sync.py --shape tiny --repeats 2                  # seconds, for a smoke test
+
+Prints the table and writes it to --out (bench/results/weight_sync.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_check import SHAPES  # noqa: E402
+
+METHODS = ("disk-float32", "disk-bfloat16", "collective")
+
+
+def build_policy(shape: str, seed: int = 0):
+    """(model, tokenizer): a random Qwen2 of `shape` in float32 and a small BPE tokenizer (ids are all we send)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from asearch.models.tiny import train_bpe_tokenizer
+
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(Qwen2Config(**SHAPES[shape])).eval()
+    tok = train_bpe_tokenizer([f"city {i} river bridge" for i in range(50)], vocab_size=300)
+    return model, tok
+
+
+def make_trainer(model, *, fsdp: bool, device: str):
+    from asearch.rl.trainer import PolicyTrainer, TrainerConfig
+
+    if not fsdp:
+        return PolicyTrainer(model.to(device), TrainerConfig(device=device), temperature=1.0)
+    from asearch.rl.distributed import DistributedPolicyTrainer, init_distributed
+
+    env = init_distributed()  # world size 1: NCCL on CUDA, gloo on CPU
+    return DistributedPolicyTrainer(model, TrainerConfig(device=device), env=env, temperature=1.0)
+
+
+async def measure(trainer, tok, urls: list[str], sups: list, work: Path, method: str, repeats: int,
+                  version: int, backend: str | None = None) -> list[dict[str, float]]:  # fmt: skip
+    """`repeats` pushes of `method`, each row {seconds, bytes}; versions from `version` + 1."""
+    from asearch.engine.http import HttpConfig
+    from asearch.engine.pool import EnginePool
+    from asearch.engine.sglang import SGLangEngine, SGLangEngineConfig
+    from asearch.rl.weights import CollectiveWeights, DiskWeights
+
+    http = HttpConfig(timeout_s=1200, retries=0)
+    engines = [SGLangEngine(u, cfg=SGLangEngineConfig(http=http, initial_version=version)) for u in urls]
+    pool = EnginePool(engines, names=urls, supervisors=sups, version=version)
+    dtype = {"disk-float32": None, "disk-bfloat16": "bfloat16"}.get(method)
+    disk = DiskWeights(pool, trainer, tok, work / method, keep=2, dtype=dtype)
+    weights: Any = disk
+    if method == "collective":
+        weights = CollectiveWeights(pool, trainer, disk, urls, backend=backend)
+    rows = []
+    try:
+        for i in range(repeats):
+            t0 = time.perf_counter()
+            await weights.push(version + 1 + i)
+            seconds = time.perf_counter() - t0
+            m = weights.metrics()
+            assert m["weights/collective"] == (method == "collective"), m
+            rows.append({"seconds": seconds, "bytes": m["weights/sync_bytes"]})
+            print(f"  {method} #{i + 1}: {seconds:.2f} s, {m['weights/sync_bytes'] / 1e9:.2f} GB", flush=True)
+    finally:
+        if isinstance(weights, CollectiveWeights):
+            await weights.close()
+        await pool.close()
+        shutil.rmtree(work / method, ignore_errors=True)
+    return rows
+
+
+def table(results: dict[str, list[dict[str, float]]], n_params: int, servers: int) -> str:
+    base = statistics.median(r["seconds"] for r in results["disk-float32"]) if "disk-float32" in results else None
+    lines = [
+        f"| method | median s per sync ({servers} servers) | runs (s) | bytes moved by the trainer | vs disk float32 |",
+        "|---|---:|---|---:|---:|",
+    ]
+    for method, rows in results.items():
+        med = statistics.median(r["seconds"] for r in rows)
+        runs = ", ".join(f"{r['seconds']:.2f}" for r in rows)
+        ratio = f"{med / base:.2f}x" if base else "-"
+        lines.append(f"| {method} | {med:.2f} | {runs} | {rows[0]['bytes'] / 1e9:.2f} GB | {ratio} |")
+    lines.append(f"\n{n_params / 1e6:.0f}M parameters.")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from asearch.engine.server import launch_engine_server
+    from asearch.models.tiny import save_tiny
+
+    torch.set_num_threads(args.threads)
+    work = Path(tempfile.mkdtemp(prefix="weight-sync-", dir=args.work))
+    model, tok = build_policy(args.shape)
+    n_params = sum(p.numel() for p in model.parameters())
+    start_dir = save_tiny(model, tok, work / "start")
+    launched = []
+    results: dict[str, list[dict[str, float]]] = {}
+    try:
+        for i in range(args.servers):
+            launched.append(launch_engine_server(
+                start_dir, log_path=work / f"server{i}.log", threads=1, max_seq_len=256, max_batch=4,
+                weight_version="0", extra_args=["--device", args.device],
+            ))  # fmt: skip
+        trainer = make_trainer(model, fsdp=args.fsdp, device=args.device)
+        urls, sups = [u for _, u in launched], [s for s, _ in launched]
+        version = 0
+        for method in args.methods:
+            print(f"{method}: {args.repeats} syncs to {args.servers} servers", flush=True)
+            results[method] = asyncio.run(
+                measure(trainer, tok, urls, sups, work, method, args.repeats, version, args.backend)
+            )
+            version += args.repeats
+    finally:
+        for sup, _ in launched:
+            sup.stop()
+        with contextlib.suppress(Exception):
+            if torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group()
+        shutil.rmtree(work, ignore_errors=True)
+    return {"results": results, "n_params": n_params}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
+    ap.add_argument("--servers", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3, help="syncs per method (the median is reported)")
+    ap.add_argument("--methods", type=lambda s: s.split(","), default=list(METHODS))
+    ap.add_argument("--device", default="cpu", help="of the trainer and the servers")
+    ap.add_argument("--backend", default=None, help="the weight group's (default: nccl on cuda, gloo on cpu)")
+    ap.add_argument("--fsdp", action="store_true", help="a DistributedPolicyTrainer of world size 1")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of the trainer")
+    ap.add_argument("--work", default=None, help="where the weights directories go (default: the temp dir)")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "weight_sync.md")
+    args = ap.parse_args(argv)
+    if unknown := set(args.methods) - set(METHODS):
+        ap.error(f"unknown methods {sorted(unknown)} ({', '.join(METHODS)})")
+    t = time.perf_counter()
+    out = run(args)
+    text = table(out["results"], out["n_params"], args.servers)
+    cmd = "python bench/weight_sync.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    where = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, device {args.device}"
+    report = f"# Weight sync, trainer -> {args.servers} rollout servers\n\n`{cmd.strip()}` ({where}; " \
+             f"{time.perf_counter() - t:.0f} s in all)\n\n{text}\n"  # fmt: skip
+    print("\n" + report)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(report)
+    return out
+
+
+if __name__ == "__main__":
+    main()
