@@ -29,7 +29,7 @@ from pydantic import Field, model_validator
 from asearch.agent.loop import AgentConfig
 from asearch.agent.openai_session import CURRENT_TOOLS, EpisodeSession, EpisodeTools, SessionRouter
 from asearch.agent.trajectory import FinishReason, Trajectory
-from asearch.agent.workflow import EpisodeItem, ToolChooser
+from asearch.agent.workflow import EpisodeItem, SearchAgentWorkflow, ToolChooser
 from asearch.config import Config
 from asearch.engine.types import Engine
 from asearch.errors import ConfigError
@@ -179,3 +179,14 @@ def _remote_client(engine: Engine) -> Any:
     chat = engine.client
     key = os.environ.get(chat.api_key_env) or "unused"
     return openai.AsyncOpenAI(base_url=str(chat.base_url), api_key=key)
+
+
+def make_workflow(
+    cfg: WorkflowConfig, tokenizer: Any, tools: Mapping[str, Tool] | ToolChooser, agent: AgentConfig,
+    reward: RewardConfig | None = None,
+) -> SearchAgentWorkflow | OpenAIAgentWorkflow:  # fmt: skip
+    """The rollout workflow `cfg` names, over `tools` with the agent's limits and sampling and `reward`."""
+    if cfg.kind == "openai_agent":
+        assert cfg.agent is not None
+        return OpenAIAgentWorkflow(cfg.agent, tokenizer, agent, reward, tools)
+    return SearchAgentWorkflow(tokenizer, tools, agent, reward)

@@ -44,11 +44,16 @@ def _run_config_model() -> type:
     """
     from pydantic import Field
 
+    from asearch.agent.openai_workflow import WorkflowConfig
     from asearch.agent.runtime import RuntimeConfig
     from asearch.eval.config import EvalConfig
 
     class EvalRunConfig(RuntimeConfig):
         eval: EvalConfig = Field(default_factory=EvalConfig)
+        workflow: WorkflowConfig = Field(
+            default_factory=WorkflowConfig, description="Which agent answers: asearch's own (search_agent) or an "
+            "OpenAI-client agent function (openai_agent, docs/agents-openai.md).",
+        )
 
     return EvalRunConfig
 
@@ -230,10 +235,21 @@ def eval_command(
                       f"(log: {escape(str(run_dir / 'judge_server.log'))})")  # fmt: skip
     llm_judge, judge_client = build_judge(e.judge, url=judge_url)
 
+    solver = agent_solver(runtime.engine, runtime.tokenizer, runtime.tools, runtime.agent_cfg)
+    identity = {"runtime": runtime_cfg.model_dump(mode="json"), "judge": e.judge.model_dump(mode="json")}
+    if cfg.workflow.kind != "search_agent":  # an OpenAI-client agent answers instead of asearch's loop
+        from asearch.agent.openai_workflow import make_workflow
+        from asearch.eval.runner import workflow_solver
+        from asearch.tools.build import tool_metrics
+
+        workflow = make_workflow(cfg.workflow, runtime.tokenizer, runtime.tools, runtime.agent_cfg)
+        solver = workflow_solver(workflow, runtime.engine, metrics=lambda: tool_metrics(runtime.tools))  # type: ignore[arg-type]
+        identity["workflow"] = cfg.workflow.model_dump(mode="json")
+
     async def run() -> Any:
         try:
             return await evaluate_async(
-                agent_solver(runtime.engine, runtime.tokenizer, runtime.tools, runtime.agent_cfg),
+                solver,
                 records,
                 out_dir=run_dir,
                 k=e.k,
@@ -243,10 +259,7 @@ def eval_command(
                 judge=llm_judge,
                 progress=progress,
                 # the agent's identity: resuming into this dir with another engine/tools/agent is refused
-                config={
-                    "runtime": runtime_cfg.model_dump(mode="json"),
-                    "judge": e.judge.model_dump(mode="json"),
-                },
+                config=identity,
                 max_failures=e.max_failures,
             )
         finally:

@@ -22,6 +22,7 @@ import torch
 from pydantic import Field, model_validator
 
 from asearch.agent.loop import AgentConfig
+from asearch.agent.openai_workflow import WorkflowConfig, make_workflow
 from asearch.agent.workflow import EpisodeItem, SearchAgentWorkflow
 from asearch.engine.inprocess import InProcessEngine
 from asearch.engine.pool import EnginePool, RolloutServersConfig, open_pool
@@ -85,6 +86,10 @@ class TrainConfig(LoopConfig):
         "Trains on many worlds at once, so a policy cannot do well by remembering one world's facts.",
     )
     agent: AgentConfig = Field(default_factory=AgentConfig, description="The agent (its temperature samples RL).")
+    workflow: WorkflowConfig = Field(
+        default_factory=WorkflowConfig, description="Which agent runs the episodes: asearch's own (search_agent) or "
+        "an OpenAI-client agent function (openai_agent, docs/agents-openai.md).",
+    )
     data: str = Field(description="Training questions: a QA set spec or file.")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="The RL reward (and the held-out metric).")
     heldout: HeldoutConfig = Field(default_factory=HeldoutConfig)
@@ -235,7 +240,7 @@ def _open_workflows(
     def choose_tools(item: EpisodeItem) -> Any:
         return tools_of.get(item.metadata.get("corpus"), tools)
 
-    workflow = SearchAgentWorkflow(tokenizer, choose_tools if tools_of else tools, cfg.agent, cfg.reward)
+    workflow = make_workflow(cfg.workflow, tokenizer, choose_tools if tools_of else tools, cfg.agent, cfg.reward)
     if not cfg.heldout.dataset:
         return tools, workflow, None, []
     heldout_tools = tools
@@ -244,7 +249,8 @@ def _open_workflows(
         heldout_tools, more = build_tools(heldout_cfg, progress=False, record_dir=record_dir)
         closers += more
     greedy = cfg.agent.model_copy(update={"temperature": 0.0})
-    return tools, workflow, SearchAgentWorkflow(tokenizer, heldout_tools, greedy, cfg.reward), load_dataset(cfg.heldout.dataset)
+    heldout_workflow = make_workflow(cfg.workflow, tokenizer, heldout_tools, greedy, cfg.reward)
+    return tools, workflow, heldout_workflow, load_dataset(cfg.heldout.dataset)
 
 
 async def _close_all(closers: Sequence[Any]) -> None:
