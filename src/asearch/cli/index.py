@@ -156,3 +156,77 @@ def search(
         + ("" if hits else " - no indexable term, or nothing matched")
     )
     index.close()
+
+
+@app.command("import")
+def import_(
+    flat: Annotated[Path, typer.Argument(help="The peer's flat faiss index (Search-R1/ASearcher e5_Flat.index).")],
+    corpus: Annotated[
+        Path, typer.Option("--corpus", help="Its corpus jsonl, line i = vector i (wiki-18.jsonl, wiki_corpus.jsonl).")
+    ],
+    out: Annotated[Path, typer.Option("--out", help="Index directory to create.", file_okay=False)],
+    memory_gb: Annotated[
+        float, typer.Option("--memory-gb", min=0.0, help="Memory budget of the dense index; picks its compression.")
+    ],
+    pages: Annotated[
+        Path | None, typer.Option("--pages", help="Pages jsonl for /access (ASearcher's wiki_webpages.jsonl).")
+    ] = None,
+    kind: Annotated[
+        str | None, typer.Option("--kind", help="Force flat | ivfsq8 | opq_ivfpq (default: best that fits).")
+    ] = None,
+    query_model: Annotated[str, typer.Option("--query-model", help="Query encoder the index was built with.")] = (
+        "intfloat/e5-base-v2"
+    ),
+    query_prefix: Annotated[str, typer.Option("--query-prefix", help="Prepended to queries.")] = "query: ",
+    passage_prefix: Annotated[str, typer.Option("--passage-prefix", help="Recorded: the passages' prefix.")] = (
+        "passage: "
+    ),
+    nlist: Annotated[int | None, typer.Option("--nlist", min=1, help="IVF cells (default ~4 sqrt(n)).")] = None,
+    nprobe: Annotated[int, typer.Option("--nprobe", min=1, help="IVF cells visited per query.")] = 32,
+    train_size: Annotated[int, typer.Option("--train-size", min=256, help="Vectors sampled to train.")] = 100_000,
+    queries: Annotated[
+        str | None,
+        typer.Option("--queries", help="Dataset whose questions measure recall (default: stored vectors)."),
+    ] = None,
+    recall_queries: Annotated[int, typer.Option("--recall-queries", min=1, help="Queries for recall@10.")] = 200,
+    threads: Annotated[int, typer.Option("--threads", min=1, help="faiss and torch threads.")] = 1,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing index at --out.")] = False,
+) -> None:
+    """Bring a peer's flat e5 index over, compressed to --memory-gb; prints recall@10 against the flat one.
+
+    `asearch index import e5_Flat.index --corpus wiki-18.jsonl --out idx/wiki18 --memory-gb 4`
+    """
+    from asearch.retrieval.importer import ImportSettings, import_flat_index, read_flat_header
+    from asearch.retrieval.index import index_size_bytes, read_manifest
+
+    questions = None
+    if queries is not None:
+        from asearch.eval.datasets import load_dataset
+
+        questions = [r.question for r in load_dataset(queries, limit=recall_queries)]
+    settings = ImportSettings(
+        memory_gb=memory_gb, query_model=query_model, query_prefix=query_prefix, passage_prefix=passage_prefix,
+        kind=kind, nlist=nlist, nprobe=nprobe, train_size=train_size, recall_queries=recall_queries,
+        queries=questions, threads=threads,
+    )  # fmt: skip
+    head = read_flat_header(flat)
+    console.print(
+        f"[bold]flat[/bold] {escape(str(flat))}: {head.ntotal:,} vectors x {head.dim} ({_mb(head.nbytes)})  "
+        f"[bold]corpus[/bold] {escape(str(corpus))}  [bold]budget[/bold] {memory_gb:g} GB"
+    )
+    command = shlex.join(["asearch", "index", *sys.argv[sys.argv.index("import") :]]) if "import" in sys.argv else None
+    t0 = time.perf_counter()
+    result = import_flat_index(
+        flat, corpus, out, settings, pages_path=pages, overwrite=force, progress=True, build_command=command,
+        say=lambda line: console.print(escape(line)),
+    )  # fmt: skip
+    m = read_manifest(result.path)
+    console.print(
+        f"[green]imported[/green] {escape(str(result.path))}: {m['counts']['passages']:,} passages, "
+        f"{time.perf_counter() - t0:.1f}s, {_mb(index_size_bytes(m))} on disk"
+    )
+    console.print(
+        f"dense {escape(result.plan.label())}: {_mb(result.index_file_bytes)} against {_mb(result.flat_bytes)} flat "
+        f"({result.index_file_bytes / max(1, result.flat_bytes):.3f}x)"
+    )
+    console.print(f"recall@10 against flat: {result.recall:.3f} ({escape(result.recall_on)})")

@@ -43,8 +43,10 @@ class DenseConfig(Config):
     normalize: bool = Field(
         True, description="L2-normalise embeddings, so inner product = cosine similarity."
     )
-    index_type: Literal["flat", "hnsw", "ivfpq"] = Field(
-        "flat", description="flat: exact, 4*dim bytes/passage; hnsw: fast approximate; ivfpq: compressed."
+    index_type: Literal["flat", "hnsw", "ivfpq", "ivfsq8", "opq_ivfpq"] = Field(
+        "flat",
+        description="flat: exact, 4*dim bytes/passage; hnsw: fast approximate; ivfpq: compressed (pq_m bytes); "
+        "ivfsq8: dim bytes/passage; opq_ivfpq: ivfpq after a learned rotation (better recall, same bytes).",
     )
     hnsw_m: int = Field(32, ge=4, description="HNSW graph degree.")
     hnsw_ef_construction: int = Field(200, ge=8, description="HNSW build-time candidate list size.")
@@ -196,11 +198,14 @@ def _make_index(cfg: DenseConfig, dim: int, emb: np.ndarray) -> tuple[Any, dict[
         index = faiss.IndexHNSWFlat(dim, cfg.hnsw_m, ip)
         index.hnsw.efConstruction = cfg.hnsw_ef_construction
         return index, facts
-    if cfg.index_type == "ivfpq":
-        if dim % cfg.pq_m:
+    if cfg.index_type in IVF_KINDS:
+        pq = cfg.index_type != "ivfsq8"
+        if pq and dim % cfg.pq_m:
             raise IndexError_(f"dense.pq_m={cfg.pq_m} must divide the embedding dimension {dim}")
-        if n < _PQ_MIN_TRAIN:
-            note = f"ivfpq needs >= {_PQ_MIN_TRAIN} passages to train 8-bit PQ; {n} given: built a flat index"
+        if cfg.index_type == "opq_ivfpq" and min(n, cfg.train_size) < dim:  # faiss aborts, not raises
+            raise IndexError_(f"opq_ivfpq needs >= {dim} training vectors (a {dim} x {dim} rotation); use ivfpq")
+        if pq and n < _PQ_MIN_TRAIN:
+            note = f"{cfg.index_type} needs >= {_PQ_MIN_TRAIN} passages to train 8-bit PQ; {n} given: built a flat index"
             log.warning(note)
             facts.update(index_type="flat", notes=[note])
             return faiss.IndexFlatIP(dim), facts
@@ -209,13 +214,39 @@ def _make_index(cfg: DenseConfig, dim: int, emb: np.ndarray) -> tuple[Any, dict[
             note = f"ivf_nlist clamped {cfg.ivf_nlist} -> {nlist} for {n} passages (>= 39 per cell)"
             log.warning(note)
             facts["notes"].append(note)
-        index = faiss.IndexIVFPQ(faiss.IndexFlatIP(dim), dim, nlist, cfg.pq_m, 8, ip)
+        index = compressed_index(cfg.index_type, dim, nlist, cfg.pq_m)
         rng = np.random.default_rng(0)  # seeded sample: the same corpus trains the same quantizers
         sample = np.sort(rng.choice(n, size=min(n, cfg.train_size), replace=False))
         index.train(np.ascontiguousarray(emb[sample]))
         facts["nlist"] = nlist
         return index, facts
     return faiss.IndexFlatIP(dim), facts
+
+
+IVF_KINDS = ("ivfpq", "ivfsq8", "opq_ivfpq")  # index types whose search visits `ivf_nprobe` cells
+
+
+def compressed_index(kind: str, dim: int, nlist: int, pq_m: int) -> Any:
+    """An untrained inner-product faiss index of `kind` (flat, ivfsq8, ivfpq, opq_ivfpq) with `nlist` cells."""
+    import faiss
+
+    ip = faiss.METRIC_INNER_PRODUCT
+    if kind == "flat":
+        return faiss.IndexFlatIP(dim)
+    if kind == "ivfsq8":
+        return faiss.IndexIVFScalarQuantizer(
+            faiss.IndexFlatIP(dim), dim, nlist, faiss.ScalarQuantizer.QT_8bit, ip
+        )
+    if dim % pq_m:
+        raise IndexError_(f"pq_m={pq_m} must divide the embedding dimension {dim}")
+    ivfpq = faiss.IndexIVFPQ(faiss.IndexFlatIP(dim), dim, nlist, pq_m, 8, ip)
+    if kind == "ivfpq":
+        return ivfpq
+    if kind != "opq_ivfpq":
+        raise IndexError_(f"unknown dense index kind {kind!r}")
+    opq = faiss.OPQMatrix(dim, pq_m)
+    opq.niter = 12  # training time is linear in the iterations; faiss's default 50 is slow at 768 dims
+    return faiss.IndexPreTransform(opq, ivfpq)
 
 
 class DenseRetriever:
@@ -233,8 +264,8 @@ class DenseRetriever:
         self.index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
         if facts.get("index_type") == "hnsw":
             self.index.hnsw.efSearch = cfg.hnsw_ef_search
-        elif facts.get("index_type") == "ivfpq":
-            self.index.nprobe = cfg.ivf_nprobe
+        elif facts.get("index_type") in IVF_KINDS:
+            faiss.extract_index_ivf(self.index).nprobe = cfg.ivf_nprobe
         self.index_load_seconds = time.perf_counter() - t0
         self.encoder = Encoder(cfg)
         if self.encoder.dim != self.index.d:

@@ -23,6 +23,7 @@ import shutil
 import threading
 import time
 from array import array
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
@@ -157,12 +158,15 @@ def build_index(
     overwrite: bool = False,
     build_command: str | None = None,
     allow_empty: bool = False,
+    dense_builder: Callable[[Path, int], dict[str, Any]] | None = None,
 ) -> Path:
     """Stream `source` into a new index directory at `out_dir` and return its path.
 
     Memory stays flat in corpus size apart from what the index keeps (tantivy's writer budget, 16 bytes per
     record for the key indexes, the dense vectors). `overwrite` replaces an existing index only once the new
     one is complete. `build_command` is recorded so a refused index can say how to rebuild it.
+    `dense_builder(dense_dir, passages)` writes the dense part instead of embedding with `cfg.dense` (an
+    imported index, `asearch.retrieval.importer`) and returns the manifest's dense facts.
     Refused (DataFormatError, nothing written): two documents with one id (search hits would share a
     passage id), and a corpus without passages unless `allow_empty`.
     """
@@ -194,7 +198,9 @@ def build_index(
                 )  # fmt: skip
             counts.update(_write_pages(source, tmp, bar, tmp / "passage_urls.u64"))
             dense_facts = None
-            if cfg.dense is not None:
+            if dense_builder is not None:
+                dense_facts = dense_builder(tmp / "dense", counts["passages"])
+            elif cfg.dense is not None:
                 dense_facts = _write_dense(tmp, cfg.dense, counts["passages"], bar)
         manifest = {
             "format": FORMAT,
