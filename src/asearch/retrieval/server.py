@@ -78,6 +78,15 @@ class ServerConfig(Config):
             "of a few thousand characters."
         ),
     )
+    max_pending: int = Field(
+        4096,
+        ge=1,
+        description=(
+            "Most /retrieve and /access requests in the server at once; one more is answered 503 with "
+            "Retry-After (its client waits and retries) instead of queueing without bound."
+        ),
+    )
+    retry_after_s: int = Field(1, ge=1, description="The Retry-After seconds of an over-capacity 503.")
     batch_window_ms: float = Field(
         0.0,
         ge=0,
@@ -206,10 +215,18 @@ class ServerStats:
 
 
 class _StatsAndLimitMiddleware:
-    """ASGI middleware: rejects oversized bodies by Content-Length (413) and times every request."""
+    """ASGI middleware: rejects oversized bodies by Content-Length (413), sheds load past `max_pending`
+    requests in flight (503 + Retry-After: a client told when to come back, not a dropped connection) and
+    times every request."""
 
-    def __init__(self, app: Any, stats: ServerStats, max_body_bytes: int):
+    _SHED = frozenset({"/retrieve", "/access"})  # /health and /stats answer even when the server is full
+
+    def __init__(
+        self, app: Any, stats: ServerStats, max_body_bytes: int, max_pending: int = 4096, retry_after_s: int = 1
+    ):
         self.app, self.stats, self.max_body_bytes = app, stats, max_body_bytes
+        self.max_pending, self.retry_after_s = max_pending, retry_after_s
+        self.pending = 0  # touched only on the event loop thread
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -225,7 +242,15 @@ class _StatsAndLimitMiddleware:
                 status = message["status"]
             await send(message)
 
+        counted = path in self._SHED
         try:
+            if counted and self.pending >= self.max_pending:
+                counted = False
+                body = ErrorResponse(detail=f"server busy: {self.pending} requests in flight (max_pending)")
+                headers = {"Retry-After": str(self.retry_after_s)}
+                await JSONResponse(body.model_dump(), 503, headers)(scope, receive, send_and_capture)
+                return
+            self.pending += counted
             length = dict(scope.get("headers") or []).get(b"content-length")
             if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
                 body = ErrorResponse(
@@ -235,6 +260,7 @@ class _StatsAndLimitMiddleware:
                 return
             await self.app(scope, receive, send_and_capture)
         finally:
+            self.pending -= counted
             self.stats.record_request(path, status, time.perf_counter() - start)
 
 
@@ -417,7 +443,10 @@ def create_app(
         """Request/error counts per endpoint, latency percentiles, batch sizes, index summary."""
         return stats.report(info)
 
-    app.add_middleware(_StatsAndLimitMiddleware, stats=stats, max_body_bytes=cfg.max_body_bytes)
+    app.add_middleware(
+        _StatsAndLimitMiddleware, stats=stats, max_body_bytes=cfg.max_body_bytes,
+        max_pending=cfg.max_pending, retry_after_s=cfg.retry_after_s,
+    )  # fmt: skip
     return app
 
 
