@@ -174,6 +174,25 @@ class DecoderWeights:
         lm_head = embed if spec.tie_embeddings or "lm_head.weight" not in sd else get("lm_head.weight")
         return cls(embed=embed, layers=layers, final_norm=get("model.norm.weight"), lm_head=lm_head)
 
+    def copy_(self, other: DecoderWeights) -> bool:
+        """Copy `other`'s values into these tensors (addresses kept, as captured CUDA graphs need); False,
+        copying nothing, when the two differ in layout (a bias present in one only, tied against untied)."""
+        pairs = [(self.embed, other.embed), (self.final_norm, other.final_norm)]
+        if (self.lm_head is self.embed) != (other.lm_head is other.embed):
+            return False
+        if self.lm_head is not self.embed:
+            pairs.append((self.lm_head, other.lm_head))
+        for mine, theirs in zip(self.layers, other.layers, strict=True):
+            for name in LayerWeights.__slots__:
+                a, b = getattr(mine, name), getattr(theirs, name)
+                if (a is None) != (b is None):
+                    return False
+                if a is not None:
+                    pairs.append((a, b))
+        for a, b in pairs:
+            a.copy_(b)
+        return True
+
 
 def expected_shapes(spec: DecoderSpec) -> dict[str, tuple[int, ...]]:
     """Every parameter name a checkpoint of `spec` may carry, with its shape (all biases are optional)."""
@@ -261,11 +280,15 @@ class SlotKVCache:
     """
 
     def __init__(
-        self, spec: DecoderSpec, dtype: torch.dtype, max_slots: int, max_len: int, device: torch.device | str = "cpu"
-    ):
+        self, spec: DecoderSpec, dtype: torch.dtype, max_slots: int, max_len: int, device: torch.device | str = "cpu",
+        *, spare_slot: bool = False,
+    ):  # fmt: skip
         self.spec, self.dtype, self.device = spec, dtype, torch.device(device)
         self.max_slots, self.max_len = max_slots, max_len
         self.slots, self.length = 0, 0
+        # One more slot past the last (index `slots`): padding rows of a CUDA graph write their K/V there.
+        self.extra = int(spare_slot)
+        self.generation = 0  # bumped whenever the buffers are reallocated (captured graphs hold their addresses)
         self.kv: list[Tensor] = []
         self.ensure(min(4, max_slots), min(128, max_len))
 
@@ -283,21 +306,31 @@ class SlotKVCache:
             new_len *= 2
         new_slots = min(max(new_slots, self.slots), self.max_slots)
         new_len = min(max(new_len, self.length), self.max_len)
-        shape = (new_slots, 2, self.spec.kv_heads, new_len, self.spec.head_dim)
+        shape = (new_slots + self.extra, 2, self.spec.kv_heads, new_len, self.spec.head_dim)
         for i in range(self.spec.layers):
             fresh = torch.zeros(shape, dtype=self.dtype, device=self.device)
             if i < len(self.kv):
-                fresh[: self.slots, :, :, : self.length] = self.kv[i]
+                fresh[: self.slots, :, :, : self.length] = self.kv[i][: self.slots]
                 self.kv[i] = fresh
             else:
                 self.kv.append(fresh)
         self.slots, self.length = new_slots, new_len
+        self.generation += 1
 
     def move(self, src: int, dst: int, n_tokens: int) -> None:
         """Copy the first `n_tokens` positions of slot `src` into slot `dst` (compaction on finish)."""
         if n_tokens > 0:
             for buf in self.kv:
                 buf[dst, :, :, :n_tokens] = buf[src, :, :, :n_tokens]
+
+    def swap(self, a: int, b: int, n_a: int, n_b: int) -> None:
+        """Exchange the first n_a positions of slot a with the first n_b of slot b."""
+        n = max(n_a, n_b)
+        if n > 0:
+            for buf in self.kv:
+                held = buf[a, :, :, :n].clone()
+                buf[a, :, :, :n] = buf[b, :, :, :n]
+                buf[b, :, :, :n] = held
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.kv)
@@ -311,24 +344,31 @@ def forward(
     first_slot: int,
     tokens: Tensor,
     starts: Tensor,
-    n_real: Tensor,
+    n_real: Tensor | None,
+    *,
+    n_keys: int | None = None,
+    write_slots: Tensor | None = None,
 ) -> Tensor:
     """Run `tokens` for the contiguous slots first_slot .. first_slot+B-1 and return next-token logits.
 
     tokens: (B, T) ids; row b holds its tokens at positions starts[b] .. starts[b]+T-1, of which the
-    first n_real[b] are real and the rest padding. Keys/values of all T positions are written into the
-    cache (padding lands beyond a row's length, where the mask hides it until real tokens overwrite it).
-    Each query attends to cached positions <= its own. Returns float32 logits (B, vocab) at each row's
-    last real token. All tensors live on the weights' device.
+    first n_real[b] are real and the rest padding (None: all T are real). Keys/values of all T positions
+    are written into the cache (padding lands beyond a row's length, where the mask hides it until real
+    tokens overwrite it), into slot write_slots[b] if given (a CUDA graph's padding rows write to the spare
+    slot). Each query attends to cached positions <= its own among the first `n_keys` (default: max(starts)
+    + T, read from the device; a caller that knows it saves the sync). Returns float32 logits (B, vocab) at
+    each row's last real token. All tensors live on the weights' device.
     """
     B, T = tokens.shape
     dev = tokens.device
     N = B * T  # position-wise work runs on (N, H) rows; only attention needs the (B, T) structure
     H, nh, nkv, d = spec.hidden, spec.heads, spec.kv_heads, spec.head_dim
     pos = starts[:, None] + torch.arange(T, device=dev)  # (B, T)
-    n_keys = int(starts.max()) + T
+    if n_keys is None:
+        n_keys = int(starts.max()) + T
     cache.ensure(first_slot + B, n_keys)
-    rows = torch.arange(first_slot, first_slot + B, device=dev)[:, None]  # (B, 1), broadcasts against pos
+    # (B, 1), broadcasts against pos
+    rows = write_slots[:, None] if write_slots is not None else torch.arange(first_slot, first_slot + B, device=dev)[:, None]
     cos_sin = rope.table[pos]  # (B, T, 2, d)
     # Boolean mask, True = attend: key position j is visible to the query at position p iff j <= p.
     mask = (torch.arange(n_keys, device=dev)[None, None, :] <= pos[:, :, None]).unsqueeze(1)  # (B, 1, T, n_keys)
@@ -366,7 +406,10 @@ def forward(
         inter = gate_up.shape[-1] // 2
         act = F.silu(gate_up[:, :inter]).mul_(gate_up[:, inter:])
         x = _proj(act, lw.down_wt, lw.down_b, residual=x)
-    last = x.view(B, T, H)[torch.arange(B, device=dev), n_real - 1]  # (B, H): only the rows' last real tokens need logits
+    if n_real is None:
+        last = x.view(B, T, H)[:, -1]
+    else:  # (B, H): only the rows' last real tokens need logits
+        last = x.view(B, T, H)[torch.arange(B, device=dev), n_real - 1]
     last = F.rms_norm(last, (H,), w.final_norm, spec.rms_eps)
     return F.linear(last, w.lm_head).float()
 
@@ -377,3 +420,87 @@ def _proj(x: Tensor, wt: Tensor, bias: Tensor | None, residual: Tensor | None = 
         out = torch.addmm(residual, x, wt)
         return out.add_(bias) if bias is not None else out
     return torch.addmm(bias, x, wt) if bias is not None else torch.mm(x, wt)
+
+
+def bucket(n: int, cap: int, floor: int = 1) -> int:
+    """The power of two >= max(n, floor), capped at `cap` (which may itself not be a power of two)."""
+    b = floor
+    while b < n:
+        b *= 2
+    return min(b, cap)
+
+
+class DecodeGraphs:
+    """The decode forward captured as CUDA graphs, one per (batch bucket, key bucket), replayed each step.
+
+    A step's n decode rows are slots 0..n-1 (the engine keeps decoding rows first). They run padded to the
+    batch bucket B (a power of two up to max_batch); padding rows decode token 0 at position 0 and write
+    their K/V into the cache's spare slot. Attention reads the first L keys of every row, L the key bucket
+    (a power of two >= 64 covering the longest row), with the mask hiding each row's positions past its own.
+    Inputs go through one static device buffer fed from pinned memory without blocking; the logits tensor is
+    static too and valid until the next replay. Graphs hold the addresses of the weights (the engine updates
+    those in place) and of the KV buffers: a cache reallocation drops every graph, and they are captured
+    again on use. `capture=False` runs the same padded forward eagerly (tests on the CPU).
+    """
+
+    MIN_KEYS = 64
+
+    def __init__(
+        self, spec: DecoderSpec, rope: RoPE, cache: SlotKVCache, max_batch: int, *,
+        stream: Any = None, capture: bool = True,
+    ):  # fmt: skip
+        if not cache.extra:
+            raise ValueError("DecodeGraphs needs a SlotKVCache with spare_slot=True")
+        self.spec, self.rope, self.cache, self.max_batch = spec, rope, cache, max_batch
+        self.stream, self.capture = stream, capture
+        self.inputs = torch.zeros(3, max_batch, dtype=torch.long, device=cache.device)  # tokens, starts, write slots
+        self._graphs: dict[tuple[int, int], tuple[Any, Tensor]] = {}
+        self._generation = cache.generation
+        self._pool: Any = None
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def clear(self) -> None:
+        self._graphs.clear()
+
+    def logits(self, weights: DecoderWeights, tokens: list[int], starts: list[int]) -> Tensor:
+        """Next-token logits (n, vocab) of rows 0..n-1, each decoding tokens[i] at position starts[i]."""
+        n = len(tokens)
+        B = bucket(n, self.max_batch)
+        self.cache.ensure(B, max(starts) + 1)
+        if self.cache.generation != self._generation:  # new KV buffers: every captured address is stale
+            self._graphs.clear()
+            self._generation = self.cache.generation
+        L = bucket(max(starts) + 1, self.cache.length, self.MIN_KEYS)
+        pad = B - n
+        staged = torch.tensor(
+            [tokens + [0] * pad, starts + [0] * pad, list(range(n)) + [self.cache.slots] * pad], dtype=torch.long
+        )
+        if self.cache.device.type == "cuda":
+            staged = staged.pin_memory()
+        self.inputs[:, :B].copy_(staged, non_blocking=True)
+        if not self.capture:
+            return self._forward(weights, B, L)[:n]
+        entry = self._graphs.get((B, L))
+        if entry is None:
+            entry = self._graphs[(B, L)] = self._capture(weights, B, L)
+        graph, out = entry
+        graph.replay()
+        return out[:n]
+
+    def _forward(self, weights: DecoderWeights, B: int, L: int) -> Tensor:
+        tokens, starts, slots = self.inputs[0, :B, None], self.inputs[1, :B], self.inputs[2, :B]
+        return forward(self.spec, weights, self.rope, self.cache, 0, tokens, starts, None, n_keys=L, write_slots=slots)
+
+    def _capture(self, weights: DecoderWeights, B: int, L: int) -> tuple[Any, Tensor]:
+        # Warm-up runs (kernel selection, workspace allocation) must precede capture; they run the real
+        # step, so the K/V they write are the ones the replay writes again.
+        for _ in range(2):
+            self._forward(weights, B, L)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: a trainer thread of the same process may use the GPU while this thread captures
+        with torch.cuda.graph(graph, pool=self._pool, stream=self.stream, capture_error_mode="thread_local"):
+            out = self._forward(weights, B, L)
+        self._pool = graph.pool()
+        return graph, out

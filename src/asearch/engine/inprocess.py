@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
@@ -85,6 +85,12 @@ class InProcessEngineConfig(Config):
     seed: int = Field(
         0, description="seeds the per-request random streams of requests without their own seed"
     )
+    cuda_graphs: bool | Literal["auto"] = Field(
+        "auto",
+        description="replay the decode step as CUDA graphs, one per batch-size and context-length bucket "
+        "(captured on first use; removes the per-kernel launch cost); auto: on when the device is CUDA; "
+        "ignored on other devices",
+    )
 
 
 # --------------------------------------------------------------------------- per-request state
@@ -105,6 +111,8 @@ class _Row:
     stop_strs: list[str]
     stop_window: int  # trailing output tokens to decode when checking stop strings
     t0: float
+    # token ids that may complete one of stop_strs (None: any may); set by the decode thread on admission
+    stop_candidates: frozenset[int] | None = None
     cached: int = 0  # tokens[:cached] have K/V in this row's slot under the current weights
     reused: int = 0  # prompt tokens whose K/V came from the prefix cache
     out_ids: list[int] = field(default_factory=list)
@@ -158,7 +166,7 @@ class InProcessEngine:
     ):
         import torch
 
-        from asearch.engine.decoder import DecoderSpec, DecoderWeights, RoPE, SlotKVCache
+        from asearch.engine.decoder import DecodeGraphs, DecoderSpec, DecoderWeights, RoPE, SlotKVCache
         from asearch.models.device import resolve_device, resolve_dtype
         from asearch.models.lora import base_model, merged_state_dict
 
@@ -175,7 +183,19 @@ class InProcessEngine:
             self._rope = RoPE(
                 rotary.inv_freq, float(rotary.attention_scaling), self.max_seq_len, self._dtype, self.device
             )
-            self._cache = SlotKVCache(self.spec, self._dtype, self.cfg.max_batch, self.max_seq_len, self.device)
+            graphs = _graphs_wanted(self.cfg.cuda_graphs, self.device)
+            self._cache = SlotKVCache(
+                self.spec, self._dtype, self.cfg.max_batch, self.max_seq_len, self.device, spare_slot=graphs
+            )
+        # CUDA: decode runs on a stream of its own, after everything the constructor queued
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        if self._stream is not None:
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        self._graphs = (
+            DecodeGraphs(self.spec, self._rope, self._cache, self.cfg.max_batch, stream=self._stream) if graphs else None
+        )
+        self._token_texts: list[str | None] | None = None  # per token id, for the stop-string pre-check
+        self._stop_candidate_sets: dict[frozenset[str], frozenset[int] | None] = {}
         self._version = version
         self._seed_rng = random.Random(self.cfg.seed)
         self._commands: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
@@ -304,6 +324,7 @@ class InProcessEngine:
             "kv_cache_mb": self._cache.nbytes() / 2**20,
             "device": str(self.device),
             "prefix_cache_mb": self._parked_bytes / 2**20,
+            "cuda_graphs": len(self._graphs) if self._graphs is not None else 0,
         }
 
     # ----------------------------------------------------------------------- asyncio side helpers
@@ -417,7 +438,8 @@ class InProcessEngine:
         import torch
 
         torch.set_num_threads(self.cfg.threads)
-        with torch.inference_mode():
+        on_stream = torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
+        with torch.inference_mode(), on_stream:
             while True:
                 busy = not self._paused and bool(self._rows or self._waiting)
                 if not self._handle_commands(block=not busy):
@@ -479,6 +501,8 @@ class InProcessEngine:
         self._paused = False
 
     def _do_update(self, source: WeightSource, version: int, kv: UpdateKV) -> None:
+        import torch
+
         from asearch.engine.decoder import DecoderWeights, load_safetensors_dir
 
         t = time.perf_counter()
@@ -489,7 +513,16 @@ class InProcessEngine:
             if not path.is_dir():
                 raise FileNotFoundError(f"update_weights: {path} is not a directory of safetensors")
             sd = load_safetensors_dir(path)
-        self._weights = DecoderWeights.from_state_dict(self.spec, sd, self._dtype, self.device)  # validates first
+        if self._stream is not None:  # the source may still be being written on another stream
+            torch.cuda.synchronize(self.device)
+        new = DecoderWeights.from_state_dict(self.spec, sd, self._dtype, self.device)  # validates first
+        # Captured graphs read the weights where they are: copy into them (or drop the graphs if the layout changed).
+        if self._graphs is None or not self._weights.copy_(new):
+            self._weights = new
+            if self._graphs is not None:
+                self._graphs.clear()
+        if self._stream is not None:
+            self._stream.synchronize()  # copied: the caller may change its tensors once this returns
         self._version = version
         if kv == "recompute":  # K/V computed by the old weights: recompute on the next step
             for row in self._rows:
@@ -545,54 +578,19 @@ class InProcessEngine:
     def _step(self) -> None:
         import torch
 
-        from asearch.engine.decoder import forward
         from asearch.engine.sampling import sample
 
         self._admit()
         rows = self._rows
-        ready: list[int] = []  # rows whose whole sequence is cached after this step's forwards
-        logits: list[torch.Tensor] = []
-        decode = [i for i, r in enumerate(rows) if len(r.tokens) - r.cached == 1]
-        extend = [i for i, r in enumerate(rows) if len(r.tokens) - r.cached > 1]
-        dev = self.device
-        for a, b in _runs(decode):
-            toks = torch.tensor([[rows[i].tokens[-1]] for i in range(a, b)], device=dev)
-            starts = torch.tensor([rows[i].cached for i in range(a, b)], device=dev)
-            logits.append(
-                forward(
-                    self.spec,
-                    self._weights,
-                    self._rope,
-                    self._cache,
-                    a,
-                    toks,
-                    starts,
-                    torch.ones(b - a, dtype=torch.long, device=dev),
-                )
-            )
-            for i in range(a, b):
-                rows[i].cached += 1
-            ready.extend(range(a, b))
-        for a, b, width in self._prefill_groups(extend):
-            chunk = [rows[i].tokens[rows[i].cached : rows[i].cached + width] for i in range(a, b)]
-            n_real = [len(c) for c in chunk]
-            toks = torch.tensor([c + [0] * (width - len(c)) for c in chunk], device=dev)
-            starts = torch.tensor([rows[i].cached for i in range(a, b)], device=dev)
-            out = forward(
-                self.spec, self._weights, self._rope, self._cache, a, toks, starts, torch.tensor(n_real, device=dev)
-            )
-            self._stats.prefill_tokens += sum(n_real)
-            done = []
-            for j, i in enumerate(range(a, b)):
-                rows[i].cached += n_real[j]
-                if rows[i].cached == len(rows[i].tokens):
-                    done.append(j)
-                    ready.append(i)
-            if done:
-                logits.append(out[torch.tensor(done, device=dev)] if len(done) < b - a else out)
+        n_decode = self._decoding_first()
+        logits: list[torch.Tensor] = [self._decode_logits(n_decode)] if n_decode else []
+        ready = list(range(n_decode))  # rows whose whole sequence is cached after this step's forwards
+        self._prefill(n_decode, logits, ready)
         if not ready:
             return
-        token_ids, token_lps = sample(torch.cat(logits), [rows[i].sampling for i in ready])
+        token_ids, token_lps = sample(
+            logits[0] if len(logits) == 1 else torch.cat(logits), [rows[i].sampling for i in ready]
+        )
         self._stats.steps += 1
         self._stats.tokens_generated += len(ready)
         finished: list[tuple[int, StopReason]] = []
@@ -618,10 +616,74 @@ class InProcessEngine:
         for row, response in done:  # after removal, so stats() seen by a woken caller are already current
             self._post(row.loop, row.fut, response)
 
+    def _decoding_first(self) -> int:
+        """Put the rows that decode one token this step into slots 0..n-1 (swapping K/V with prefilling rows
+        where needed), so one forward runs them all; return n."""
+        rows = self._rows
+        decoding = [len(r.tokens) - r.cached == 1 for r in rows]
+        n = sum(decoding)
+        late = (j for j in range(n, len(rows)) if decoding[j])
+        for i in range(n):
+            if not decoding[i]:
+                j = next(late)
+                self._cache.swap(i, j, rows[i].cached, rows[j].cached)
+                rows[i], rows[j] = rows[j], rows[i]
+        return n
+
+    def _decode_logits(self, n: int) -> torch.Tensor:
+        """One forward over rows 0..n-1, each decoding its last token: next-token logits (n, vocab)."""
+        import torch
+
+        from asearch.engine.decoder import forward
+        from asearch.engine.sampling import host_tensor_to
+
+        tokens = [r.tokens[-1] for r in self._rows[:n]]
+        starts = [r.cached for r in self._rows[:n]]
+        for r in self._rows[:n]:
+            r.cached += 1
+        if self._graphs is not None:
+            return self._graphs.logits(self._weights, tokens, starts)
+        dev = self.device
+        return forward(
+            self.spec, self._weights, self._rope, self._cache, 0, host_tensor_to(tokens, torch.long, dev)[:, None],
+            host_tensor_to(starts, torch.long, dev), None, n_keys=max(starts) + 1,
+        )  # fmt: skip
+
+    def _prefill(self, first: int, logits: list[torch.Tensor], ready: list[int]) -> None:
+        """Run the next prompt chunk of rows first.. (all prefilling); rows whose prompt is then all cached
+        append their next-token logits to `logits` and their index to `ready`."""
+        import torch
+
+        from asearch.engine.decoder import forward
+        from asearch.engine.sampling import host_tensor_to
+
+        rows, dev = self._rows, self.device
+        if first == len(rows):
+            return
+        for a, b, width in self._prefill_groups(list(range(first, len(rows)))):
+            chunk = [rows[i].tokens[rows[i].cached : rows[i].cached + width] for i in range(a, b)]
+            n_real = [len(c) for c in chunk]
+            starts = [rows[i].cached for i in range(a, b)]
+            out = forward(
+                self.spec, self._weights, self._rope, self._cache, a,
+                host_tensor_to([c + [0] * (width - len(c)) for c in chunk], torch.long, dev),
+                host_tensor_to(starts, torch.long, dev), host_tensor_to(n_real, torch.long, dev),
+                n_keys=max(starts) + width,
+            )  # fmt: skip
+            self._stats.prefill_tokens += sum(n_real)
+            done = []
+            for j, i in enumerate(range(a, b)):
+                rows[i].cached += n_real[j]
+                if rows[i].cached == len(rows[i].tokens):
+                    done.append(j)
+                    ready.append(i)
+            if done:
+                logits.append(out[host_tensor_to(done, torch.long, dev)] if len(done) < b - a else out)
+
     def _stop_reason(self, row: _Row, tok: int) -> StopReason | None:
         if tok in row.stop_ids:
             return "stop"
-        if row.stop_strs:
+        if row.stop_strs and (row.stop_candidates is None or tok in row.stop_candidates):
             assert self.tokenizer is not None
             tail = self.tokenizer.decode(row.out_ids[-row.stop_window :], skip_special_tokens=False)
             if any(s in tail for s in row.stop_strs):
@@ -629,6 +691,41 @@ class InProcessEngine:
         if len(row.out_ids) >= row.max_new:
             return "length"
         return None
+
+    def _stop_candidates(self, stops: list[str]) -> frozenset[int] | None:
+        """The token ids after which `stops` must be looked for (None: every one): those whose text contains
+        the last character of a stop string, since a stop string that newly appears ends in the new token's
+        text, and those whose text is not a plain suffix (part of a UTF-8 character; a decoder that rewrites
+        what came before). Built from every token's text once, cached per set of stop strings."""
+        key = frozenset(stops)
+        if key not in self._stop_candidate_sets:
+            texts = self._in_context_texts()
+            if not texts or any("\ufffd" in s for s in stops):
+                found = None
+            else:
+                last = {s[-1] for s in stops}
+                found = frozenset(
+                    [i for i, t in enumerate(texts) if t is None or any(c in t for c in last)]
+                    + list(range(len(texts), self.spec.vocab_size))  # ids past the tokenizer's: always checked
+                )
+            if len(self._stop_candidate_sets) >= 256:
+                self._stop_candidate_sets.clear()
+            self._stop_candidate_sets[key] = found
+        return self._stop_candidate_sets[key]
+
+    def _in_context_texts(self) -> list[str | None]:
+        """Each token's text as decoded right after the token "a" (None where that is not "a" + a suffix, or
+        holds a replacement character); empty if the tokenizer has no one-token "a"."""
+        if self._token_texts is None:
+            tok = self.tokenizer
+            assert tok is not None
+            anchor = tok.encode("a", add_special_tokens=False)
+            self._token_texts = []
+            if len(anchor) == 1 and tok.decode(anchor) == "a":
+                n = min(len(tok), self.spec.vocab_size)
+                pairs = tok.batch_decode([[anchor[0], i] for i in range(n)], skip_special_tokens=False)
+                self._token_texts = [p[1:] if p.startswith("a") and "\ufffd" not in p else None for p in pairs]
+        return self._token_texts
 
     def _prefill_groups(self, extend: list[int]) -> list[tuple[int, int, int]]:
         rows = self._rows
@@ -642,6 +739,8 @@ class InProcessEngine:
     def _admit(self) -> None:
         while self._waiting and len(self._rows) < self.cfg.max_batch:
             row = self._waiting.popleft()
+            if row.stop_strs:
+                row.stop_candidates = self._stop_candidates(row.stop_strs)
             slot = len(self._rows)
             self._rows.append(row)
             self._reuse_prefix(row, slot)
@@ -679,6 +778,11 @@ class InProcessEngine:
             buf[slot, :, :, :n] = saved[:, :, :n]
         row.cached = row.reused = n
         self._stats.prefix_reused_tokens += n
+
+
+def _graphs_wanted(setting: bool | str, device: torch.device) -> bool:
+    """cuda_graphs resolved for `device`: only CUDA has them (true elsewhere is ignored, as documented)."""
+    return device.type == "cuda" and setting in (True, "auto")
 
 
 def plan_prefill(

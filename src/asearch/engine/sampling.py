@@ -71,43 +71,55 @@ def _filter_top(scaled: Tensor, k: Tensor, top_p: Tensor, n: int) -> tuple[Tenso
     return torch.full_like(scaled, float("-inf")).scatter(1, order, values), covered
 
 
+def host_tensor_to(values: list, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A small tensor of per-row values on `device`; on CUDA via pinned memory and a non-blocking copy, so
+    the host does not wait for the stream (the caching host allocator keeps the page until the copy ran)."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=dtype, device=device)
+    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+
+
 def sample(logits: Tensor, rows: list[RowSampling]) -> tuple[list[int], list[float]]:
-    """Draw one token per row of `logits` (B, V float32, on any device); return (token ids, their log-probs)."""
+    """Draw one token per row of `logits` (B, V float32, on any device); return (token ids, their log-probs).
+
+    Each row's log-softmax, its cumulative sum and the draw are batch-wide passes; greedy rows reuse the
+    batch's log-softmax (their rows are unscaled and unfiltered); ids and log-probs reach the host in one copy.
+    """
     B, V = logits.shape
     dev = logits.device
     greedy = [r.temperature == 0.0 for r in rows]
     if all(greedy):
         lp = torch.log_softmax(logits, dim=-1)
         best = lp.argmax(dim=-1)
-        return best.tolist(), lp.gather(1, best[:, None])[:, 0].tolist()
+        return _to_host(best, lp.gather(1, best[:, None])[:, 0])
 
     temps = [r.temperature if r.temperature != 0.0 else 1.0 for r in rows]
-    scaled = logits if all(t == 1.0 for t in temps) else logits / torch.tensor(temps, device=dev)[:, None]
-    filtered = [r.top_k > 0 or r.top_p < 1.0 for r in rows]
-    if any(f and not g for f, g in zip(filtered, greedy, strict=True)):
-        picked = [i for i, (f, g) in enumerate(zip(filtered, greedy, strict=True)) if f and not g]
-        idx = torch.tensor(picked, device=dev)
-        sub = [rows[i] for i in picked]
-        top_k = torch.tensor([r.top_k for r in sub], device=dev)
-        top_p = torch.tensor([r.top_p for r in sub], device=dev)
+    scaled = logits if all(t == 1.0 for t in temps) else logits / host_tensor_to(temps, torch.float32, dev)[:, None]
+    picked = [i for i, (r, g) in enumerate(zip(rows, greedy, strict=True)) if not g and (r.top_k > 0 or r.top_p < 1.0)]
+    if picked:
+        idx = host_tensor_to(picked, torch.long, dev)
+        top_k = host_tensor_to([rows[i].top_k for i in picked], torch.long, dev)
+        top_p = host_tensor_to([rows[i].top_p for i in picked], torch.float32, dev)
         scaled = scaled.clone() if scaled is logits else scaled
         scaled[idx] = filter_logits(scaled[idx], top_k, top_p)
     lp = torch.log_softmax(scaled, dim=-1)
     # Inverse-CDF draw with one uniform per row from the row's own stream: the draw depends only on
     # the request's seed and its distribution, never on which other rows share the batch.
-    cdf = lp.exp().cumsum(dim=-1)
-    u = torch.tensor([r.rng.random() for r in rows], dtype=torch.float32, device=dev)[:, None] * cdf[:, -1:]
+    cdf = lp.exp()
+    cdf.cumsum_(dim=-1)
+    u = host_tensor_to([r.rng.random() for r in rows], torch.float32, dev)[:, None] * cdf[:, -1:]
     pick = torch.searchsorted(cdf, u, right=True).clamp_(max=V - 1)[:, 0]
-    pick_lp = lp.gather(1, pick[:, None])[:, 0]
-    if any(greedy):
-        g = torch.tensor(greedy, device=dev)
-        best_lp = torch.log_softmax(logits, dim=-1)  # greedy reports the unscaled, unfiltered log-prob
-        best = best_lp.argmax(dim=-1)
-        pick = torch.where(g, best, pick)
-        pick_lp = torch.where(g, best_lp.gather(1, best[:, None])[:, 0], pick_lp)
-    tokens, logprobs = pick.tolist(), pick_lp.tolist()
+    if any(greedy):  # a greedy row of lp is log_softmax(logits): divided by 1.0 and never filtered
+        pick = torch.where(host_tensor_to(greedy, torch.bool, dev), lp.argmax(dim=-1), pick)
+    tokens, logprobs = _to_host(pick, lp.gather(1, pick[:, None])[:, 0])
     for i, x in enumerate(logprobs):
         if x == -math.inf:  # rounding put u at the very top of the cdf, on a filtered (-inf) tail token
             tokens[i] = int(lp[i].argmax())
             logprobs[i] = float(lp[i, tokens[i]])
     return tokens, logprobs
+
+
+def _to_host(ids: Tensor, logprobs: Tensor) -> tuple[list[int], list[float]]:
+    """Token ids and float32 log-probs in one device-to-host copy (float64 holds both exactly)."""
+    both = torch.stack((ids.to(torch.float64), logprobs.to(torch.float64))).tolist()
+    return [int(t) for t in both[0]], both[1]
