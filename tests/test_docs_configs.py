@@ -24,9 +24,9 @@ CONFIGS = ROOT / "configs"
 _model = config_model
 
 
-COMMANDS = ("ask", "eval", "train", "demo", "index build", "serve", "sim", "synth")
+COMMANDS = ("ask", "eval", "train", "plan", "demo", "index build", "serve", "sim", "synth")
 # Required keys an example without a config file leaves to the file it does not show.
-REQUIRED = {"train": {"model": "runs/demo-seed0/model-sft", "data": "world"}}
+REQUIRED = {"train": {"model": "runs/demo-seed0/model-sft", "data": "world"}, "plan": {"model": "runs/demo-seed0/model-sft", "data": "world"}}
 # configs/<prefix>*.yaml is read by this command.
 FILE_COMMANDS = {
     "train-": "train",

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # `a.b=value` where the key is a name (not `engine.<key>=value`, not inside a url's query)
 _OVERRIDE = re.compile(r"(?<![\w:,.=/<-])([a-z_]\w*(?:\.\w+)*)=([^\s`',;)]+)")
 # Required keys an override example leaves to the config file it does not show.
-REQUIRED = {"train": {"model": "m", "data": "world"}}
+REQUIRED = {"train": {"model": "m", "data": "world"}, "plan": {"model": "m", "data": "world"}}
 
 
 _model = config_model

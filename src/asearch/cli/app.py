@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from asearch import __version__
-from asearch.cli import ask, configs, corpus, index, serve, sim, synth, train
+from asearch.cli import ask, configs, corpus, index, plan, serve, sim, synth, train
 from asearch.cli import engine as engine_cli
 from asearch.cli import eval as eval_cli
 from asearch.cli import view as view_cli
@@ -30,6 +30,7 @@ app.add_typer(engine_cli.app, name="engine")
 app.command("ask")(ask.ask)
 app.command("train")(train.train)
 app.command("demo")(train.demo)
+app.command("plan")(plan.plan)
 app.command("sim")(sim.sim)
 app.command("view")(view_cli.view)
 app.add_typer(eval_cli.app, name="eval")

@@ -39,6 +39,7 @@ def config_model(command: str) -> type:
         return _run_config_model()
     where = {
         "ask": "asearch.agent.runtime:RuntimeConfig", "train": "asearch.launch.train:TrainConfig",
+        "plan": "asearch.launch.train:TrainConfig",
         "demo": "asearch.demo.pipeline:DemoConfig", "index build": "asearch.retrieval.index:IndexConfig",
         "serve": "asearch.retrieval.server:ServerConfig", "sim": "asearch.sim.config:SimConfig",
         "synth": "asearch.synth.config:SynthConfig", "synth run": "asearch.synth.config:SynthConfig",

@@ -29,6 +29,7 @@ def train(
 ) -> None:
     """Train a search agent with fully asynchronous RL (resumes from the run directory's last checkpoint)."""
     from asearch.config import load_config
+    from asearch.launch.plan import refuse_if_too_big
     from asearch.launch.train import TrainConfig
     from asearch.launch.train import train as run_train
     from asearch.runs import RunDir
@@ -36,6 +37,7 @@ def train(
     flags = [*([f"out={out}"] if out else []), *([f"tools.record.replay={json.dumps(str(replay))}"] if replay else [])]
     cfg = load_config(TrainConfig, config, [*(overrides or []), *flags])
     check_inputs_exist(cfg, config)  # before the run directory exists: a failed start leaves nothing behind
+    refuse_if_too_big(cfg)  # the memory plan (docs/plan.md), also before the run directory
     path = cfg.out or Path("runs") / f"train-{config.stem}-seed{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
     console.print(f"run directory: [bold]{path}[/bold]")
     summary = asyncio.run(run_train(cfg, run=RunDir(path), log=console.print))

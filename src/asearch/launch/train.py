@@ -78,6 +78,11 @@ class TrainConfig(LoopConfig):
         "as actors on a Ray cluster.",
     )
     allocation: Allocation = Field(default_factory=Allocation, description="What a launcher starts.")
+    device_memory_gb: float | None = Field(
+        None, gt=0, description="Memory of one device (GPU, or the machine on a CPU) in GiB for the memory plan that "
+        "`asearch train` checks before it starts anything (docs/plan.md). None: the visible GPU's, else this machine's "
+        "RAM; a CUDA trainer on GPUs this machine lacks (a Ray cluster) is not checked unless it is set.",
+    )
     tools: ToolsConfig = Field(default_factory=ToolsConfig, description="The agent's tools during training.")
     corpus_from_data: bool = Field(
         False,
@@ -148,8 +153,10 @@ class TrainConfig(LoopConfig):
 async def train(cfg: TrainConfig, *, run: RunDir, log: Log = print, model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
     """Run (or resume) RL training into `run`. Returns the summary dict (also written to summary.json).
     `model` / `tokenizer`: the policy already in memory (default: loaded from `cfg.model`)."""
+    from asearch.launch.plan import refuse_if_too_big
     from asearch.models.loading import load_tokenizer
 
+    refuse_if_too_big(cfg, model=model)  # before the run directory, the launcher, the servers or the model
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.trainer_threads)
     run.save_config(cfg)
