@@ -4,7 +4,8 @@ A random-initialised model of Qwen2.5-0.5B's shape (built from its config: 24 la
 KV heads, vocabulary 151,936, tied embeddings) in the device's dtype (bfloat16 on a GPU), then:
 0. parity: the engine's greedy tokens and log-probs (float32 and bfloat16) against a float32 `transformers` forward;
 1. decode: the in-process engine's output tokens/s at batch 1, 64 and 256 (prompt `--prompt` tokens, exactly
-   `--new` sampled tokens per request), beside `transformers` `generate` on the same model in the same run;
+   `--new` sampled tokens per request), beside `transformers` `generate` on the same model in the same run; on a
+   GPU the engine runs with its CUDA graphs (the default) and again with `cuda_graphs=false`;
 2. train: `PolicyTrainer.train_step` tokens/s on synthetic episodes (the last half of each generated) and the
    model FLOPs utilisation, MFU = model FLOPs per second / the chip's dense bf16 peak, where model FLOPs per
    token = 6 x (non-embedding parameters) + 6 x layers x hidden x sequence length (causal attention, forward and
@@ -139,8 +140,9 @@ def parity_rows(model, args) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- 1. decode
 
 
-async def engine_tokens_per_s(model, device: str, batch: int, prompt: int, new: int) -> float:
-    """Output tokens/s of the in-process engine decoding `batch` requests at once (after a short warm-up)."""
+async def engine_tokens_per_s(model, device: str, batch: int, prompt: int, new: int, cuda_graphs: bool | str = "auto") -> tuple[float, int]:
+    """Output tokens/s of the in-process engine decoding `batch` requests at once (after a short warm-up), and
+    the CUDA graphs it captured (engine.cuda_graphs: auto = on for CUDA; 0 on the CPU)."""
     from asearch.engine.inprocess import InProcessEngine, InProcessEngineConfig
     from asearch.engine.types import GenerateRequest, SamplingParams
 
@@ -148,6 +150,7 @@ async def engine_tokens_per_s(model, device: str, batch: int, prompt: int, new: 
     cfg = InProcessEngineConfig(
         device=device, max_batch=batch, max_seq_len=prompt + new + 1, prefix_cache_mb=0,
         max_prefill_tokens=max(8192, prompt * min(batch, 64)), threads=max(1, min(4, os.cpu_count() or 1)),
+        cuda_graphs=cuda_graphs,
     )  # fmt: skip
     engine = InProcessEngine(model, None, cfg=cfg)
     gen = torch.Generator().manual_seed(batch)
@@ -161,9 +164,10 @@ async def engine_tokens_per_s(model, device: str, batch: int, prompt: int, new: 
         t = time.perf_counter()
         out = await asyncio.gather(*(engine.generate(request(i, new)) for i in range(batch)))
         wall = time.perf_counter() - t
+        graphs = engine.stats()["cuda_graphs"]
     finally:
         await engine.close()
-    return sum(len(r.output_ids) for r in out) / wall
+    return sum(len(r.output_ids) for r in out) / wall, graphs
 
 
 def hf_generate_tokens_per_s(model, batch: int, prompt: int, new: int) -> float:
@@ -190,13 +194,17 @@ def hf_generate_tokens_per_s(model, batch: int, prompt: int, new: int) -> float:
 def decode_rows(model, args) -> list[dict[str, Any]]:
     rows = []
     for batch in args.batches:
-        ours = asyncio.run(engine_tokens_per_s(model, args.device, batch, args.prompt, args.new))
+        ours, graphs = asyncio.run(engine_tokens_per_s(model, args.device, batch, args.prompt, args.new))
+        # on a GPU the same engine without CUDA graphs too (engine.cuda_graphs=false): what the graphs bring
+        eager = asyncio.run(engine_tokens_per_s(model, args.device, batch, args.prompt, args.new, False))[0] if graphs else None
         theirs = hf_generate_tokens_per_s(model, batch, args.prompt, args.new)
         rows.append({
             "phase": "decode", "batch": batch, "prompt": args.prompt, "new": args.new,
             "engine_tokens_per_s": ours, "hf_generate_tokens_per_s": theirs, "ratio": ours / theirs,
+            "cuda_graphs": graphs, "engine_without_graphs_tokens_per_s": eager,
         })  # fmt: skip
-        print(f"decode batch {batch:4d}: engine {ours:10.0f} tok/s, transformers generate {theirs:10.0f} tok/s, x{ours / theirs:.2f}", flush=True)
+        without = f", without CUDA graphs {eager:10.0f} tok/s ({graphs} graphs)" if eager is not None else ""
+        print(f"decode batch {batch:4d}: engine {ours:10.0f} tok/s, transformers generate {theirs:10.0f} tok/s, x{ours / theirs:.2f}{without}", flush=True)
     return rows
 
 
@@ -305,9 +313,12 @@ def table(result: dict[str, Any]) -> str:
     for r in (r for r in result["rows"] if r["phase"] == "parity"):
         lines.append(f"parity, engine in {r['engine_dtype']}: max |log-prob - float32 transformers| {r['max_abs_logprob_diff']:.2e}, "
                      f"greedy token = reference argmax on {r['argmax_agreement']:.1%} of {r['tokens']}")  # fmt: skip
-    lines += ["", "| batch | in-process engine tok/s | transformers generate tok/s | ratio |", "|---:|---:|---:|---:|"]
+    lines += ["", "| batch | in-process engine tok/s | transformers generate tok/s | ratio | engine without CUDA graphs tok/s |",
+              "|---:|---:|---:|---:|---:|"]  # fmt: skip
     for r in (r for r in result["rows"] if r["phase"] == "decode"):
-        lines.append(f"| {r['batch']} | {r['engine_tokens_per_s']:,.0f} | {r['hf_generate_tokens_per_s']:,.0f} | {r['ratio']:.2f} |")
+        eager = r.get("engine_without_graphs_tokens_per_s")
+        lines.append(f"| {r['batch']} | {r['engine_tokens_per_s']:,.0f} | {r['hf_generate_tokens_per_s']:,.0f} | {r['ratio']:.2f} | "
+                     + (f"{eager:,.0f} |" if eager is not None else "- |"))  # fmt: skip
     for r in (r for r in result["rows"] if r["phase"] == "train"):
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a"
         lines += ["", f"trainer: {r['samples']} x {r['seq_len']} tokens per step, {r['dtype']}: {r['tokens_per_s']:,.0f} tok/s, "
