@@ -273,6 +273,14 @@ def eval_command(
 
     summary = asyncio.run(run())
     _print_summary(summary.summary, summary.out_dir)
+    from asearch.eval.coverage import coverage_for_tools
+
+    try:  # beside the scores: a low score from a missing document is told from a bad agent (docs/retrieval.md)
+        coverage = coverage_for_tools(records, cfg.tools)
+        for line in coverage.lines() if coverage else []:
+            console.print(escape(line))
+    except Exception as e:  # noqa: BLE001  (the scores above stand whatever the coverage check hits)
+        console.print(f"[dim]coverage not computed: {escape(str(e))}[/dim]")
     console.print(f"results: {summary.resumed} resumed, {summary.written} new, {summary.failed} failed")
     if summary.failed:
         console.print(
@@ -402,3 +410,27 @@ def data_show(
     for r in records[:n]:
         golds = preview(" | ".join(r.golds))
         stdout.print(f"[bold]{escape(preview(r.id))}[/bold] {escape(preview(r.question))}\n  golds: {escape(golds)}")
+
+
+@data_app.command("check")
+def data_check(
+    spec: Annotated[str, typer.Argument(help="A dataset name, file, dir or built-in spec.")],
+    index: Annotated[Path, typer.Option("--index", help="Index directory (asearch index build / import).")],
+    k: Annotated[int, typer.Option("--k", min=1, help="Retrieved passages per question.")] = 5,
+    method: Annotated[str, typer.Option("--method", help="bm25 | dense | hybrid.")] = "bm25",
+    limit: Annotated[int | None, typer.Option("--limit", help="First N questions.")] = None,
+    split: Annotated[str, typer.Option("--split")] = "test",
+    data_dir: Annotated[Path, typer.Option("--data-dir")] = Path("data"),
+) -> None:
+    """Per data_source: how many gold answers appear in the corpus at all, and in the top-k for the question."""
+    from asearch.eval.coverage import check_coverage
+    from asearch.eval.datasets import load_dataset
+    from asearch.retrieval.index import open_index
+
+    records = load_dataset(spec, split=split, data_dir=data_dir, limit=limit)
+    with open_index(index) as opened:
+        report = check_coverage(records, opened, k=k, method=method)
+    console.print(f"{len(records)} questions against {escape(report.index)} ({report.passages:,} passages, "
+                  f"{method} top-{k}), {report.seconds:.1f}s")  # fmt: skip
+    for line in report.lines() + report.miss_lines():
+        stdout.print(escape(line))

@@ -220,6 +220,20 @@ class BM25Retriever:
         order = np.lexsort((np.asarray(rows), -scores_np))[:topk]  # by score desc, then row asc
         return [(int(rows[i]), float(scores_np[i])) for i in order.tolist()]
 
+    def rows_with_all_terms(self, text: str, limit: int) -> tuple[list[int], int]:
+        """Rows of passages holding every indexed term of `text` (best BM25 first, at most `limit`) and how many
+        passages hold them; (-1 count) when `text` has no indexed term (stopwords only)."""
+        terms = list(dict.fromkeys(self._analyzer.analyze(text)))
+        if not terms:
+            return [], -1
+        if self._n == 0:
+            return [], 0
+        t = self._t
+        must = [(t.Occur.Must, t.Query.term_query(self._schema, _FIELD, w, index_option="freq")) for w in terms]
+        result = self._searcher.search(t.Query.boolean_query(must), min(limit, self._n), count=True)
+        rows = self._searcher.fast_field_values(_ROW, [addr for _, addr in result.hits])
+        return [int(r) for r in rows], int(result.count)
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False)

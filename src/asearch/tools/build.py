@@ -123,16 +123,21 @@ def _tools_config_model() -> type[ToolSourceConfig]:
 ToolsConfig = _tools_config_model()
 
 
+def index_cache_path(source: Any, cfg: IndexConfig) -> Path:
+    """Where `ensure_index` keeps the index of corpus `source` under these settings (built or not)."""
+    settings = hashlib.sha256(json.dumps(cfg.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+    fingerprint = hashlib.sha256(source.fingerprint().encode()).hexdigest()
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in source.name)
+    return cache_dir("indexes") / f"{safe}-{fingerprint[:12]}-{settings[:10]}"
+
+
 def ensure_index(corpus: str, cfg: IndexConfig, *, progress: bool = True) -> Path:
     """The cached index of `corpus` under these settings, built on first use (atomically)."""
     from asearch.corpus import open_corpus
     from asearch.retrieval.index import build_index, open_index, read_manifest
 
     source = open_corpus(corpus)
-    settings = hashlib.sha256(json.dumps(cfg.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
-    fingerprint = hashlib.sha256(source.fingerprint().encode()).hexdigest()
-    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in source.name)
-    path = cache_dir("indexes") / f"{safe}-{fingerprint[:12]}-{settings[:10]}"
+    path = index_cache_path(source, cfg)
 
     def complete() -> bool:
         if not (path / "manifest.json").exists():
