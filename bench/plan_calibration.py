@@ -7,7 +7,7 @@ max_seq_len) and one prefill and one decode forward. On a CPU the peak is the by
 tracked by a TorchDispatchMode (`LiveTensorBytes`; no allocator statistics there); on CUDA it is
 torch.cuda.max_memory_allocated. `calibration_rows` is what bench/gpu_check.py can call on a GPU.
 
-    flock /tmp/asearch-heavy.lock .venv/bin/python bench/plan_calibration.py            # three shapes, ~2 min
+    flock /tmp/asearch-heavy.lock .venv/bin/python bench/plan_calibration.py            # three shapes, ~6 min
     .venv/bin/python bench/plan_calibration.py --shapes small --device cpu              # one small shape
 """
 
@@ -118,19 +118,22 @@ def _peak_of(fn: Any, device: torch.device, tensors: Any) -> int:
 
 
 def measure_train_step(shape: ModelShape, rows: int, row: int, *, device: str = "cpu", generated: float = 0.3,
-                       checkpointing: bool = False, dtype: str = "auto") -> dict[str, Any]:  # fmt: skip
+                       checkpointing: bool = False, dtype: str = "auto", lora_r: int = 0,
+                       kl_coef: float = 0.0) -> dict[str, Any]:  # fmt: skip
     """Predicted and measured peak bytes of one train step (two micro-batches of `rows` x `row` tokens)."""
     from asearch.rl.trainer import PolicyTrainer, TrainerConfig
 
     dev = torch.device(device)
     ckpt_key = "activation_checkpointing" if "activation_checkpointing" in TrainerConfig.model_fields else "gradient_checkpointing"
-    cfg = TrainerConfig(device=device, dtype=dtype, token_budget=rows * row, **{ckpt_key: checkpointing})
+    cfg = TrainerConfig(device=device, dtype=dtype, token_budget=rows * row, lora={"r": lora_r}, loss={"kl_coef": kl_coef},
+                        **{ckpt_key: checkpointing})  # fmt: skip
     trainer = PolicyTrainer(random_model(shape, dev), cfg, temperature=0.7)
     samples = _samples(shape, 2 * rows, row, generated)
     trainer.train_step(samples, policy_version=0)  # AdamW's moments exist from here on
 
     def state() -> list[Any]:  # parameters, the last step's gradients (zero_grad frees them) and AdamW's moments
         out = [*trainer.model.parameters(), *(p.grad for p in trainer.model.parameters() if p.grad is not None)]
+        out += list(trainer.reference.parameters()) if trainer.reference is not None else []
         return out + [t for s in trainer.optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
 
     measured = _peak_of(lambda: trainer.train_step(samples, policy_version=1), dev, state)
@@ -138,12 +141,13 @@ def measure_train_step(shape: ModelShape, rows: int, row: int, *, device: str = 
     settings = TrainerSettings(
         compute_bytes=compute, checkpointing=checkpointing, token_budget=rows * row, row_tokens=row,
         generated_tokens=rows * max(1, int(row * generated)), cuda=dev.type == "cuda",
-        logprob_chunk=getattr(cfg, "logprob_chunk", None),
+        logprob_chunk=getattr(cfg, "logprob_chunk", None), lora_r=lora_r, kl_reference=kl_coef > 0 and not lora_r,
     )  # fmt: skip
     comps = trainer_components(shape, settings)
     predicted = sum(b for _, b in comps) + max(0, optimizer_step_bytes(shape, settings) - sum(
         b for n, b in comps if n in ("activations", "log-prob head")))  # fmt: skip
-    return {"what": "train step", "shape": shape.name, "params": shape.params, "tokens": rows * row,
+    what = "train step" + (f", LoRA r={lora_r}" if lora_r else "") + (", KL reference" if kl_coef else "")
+    return {"what": what, "shape": shape.name, "params": shape.params, "tokens": rows * row,
             "checkpointing": checkpointing, "predicted": predicted, "measured": measured,
             "components": dict(comps)}  # fmt: skip
 
@@ -190,12 +194,15 @@ def measure_engine_step(shape: ModelShape, max_batch: int, max_seq_len: int, *, 
 
 
 def calibration_rows(shapes: list[str], device: str = "cpu") -> list[dict[str, Any]]:
-    """Predicted against measured at each shape: a train step without and with checkpointing, an engine step."""
+    """Predicted against measured at each shape: a train step without and with checkpointing, with LoRA (r=16)
+    and with the KL reference, and an engine step."""
     rows = []
     for name in shapes:
         shape, n_rows, row = SHAPES[name]
         rows.append(measure_train_step(shape, n_rows, row, device=device))
         rows.append(measure_train_step(shape, n_rows, row, device=device, checkpointing=True))
+        rows.append(measure_train_step(shape, n_rows, row, device=device, lora_r=16))
+        rows.append(measure_train_step(shape, n_rows, row, device=device, kl_coef=0.01))
         rows.append(measure_engine_step(shape, max_batch=16, max_seq_len=2 * row, device=device))
     for r in rows:
         r["error"] = r["predicted"] / r["measured"] - 1

@@ -140,12 +140,14 @@ def test_train_cli_refuses_before_the_run_directory(tmp_path, monkeypatch) -> No
     assert not (tmp_path / "run").exists()
 
 
-def test_plan_within_20_percent_of_a_measured_train_step_and_engine_step() -> None:
+def test_plan_within_20_percent_of_measured_train_steps_and_an_engine_step() -> None:
     bench = _bench()
     shape, rows, row = bench.SHAPES["small"]
     measured = [
         bench.measure_train_step(shape, rows, row),
         bench.measure_train_step(shape, rows, row, checkpointing=True),
+        bench.measure_train_step(shape, rows, row, lora_r=16),
+        bench.measure_train_step(shape, rows, row, kl_coef=0.01),
         bench.measure_engine_step(shape, max_batch=16, max_seq_len=2 * row),
     ]
     for m in measured:

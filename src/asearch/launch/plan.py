@@ -111,12 +111,14 @@ KNOWN_SHAPES: dict[str, ModelShape] = {
         _qwen3("Qwen3-14B", 5120, 40, 40, 17408, False),
         _qwen3("Qwen3-32B", 5120, 64, 64, 25600, False),
         ModelShape("Llama-3-8B", 128256, 4096, 32, 32, 8, 14336, max_positions=8192),
+        ModelShape("SmolLM2-135M", 49152, 576, 30, 9, 3, 1536, tie_embeddings=True, max_positions=8192),
         # `asearch demo`'s tiny Qwen2 (DemoConfig's hidden/layers/heads/vocab_size/max_positions; a test compares)
         ModelShape("asearch-demo-tiny", 2000, 128, 4, 4, 2, 384, tie_embeddings=True, qkv_bias=True, max_positions=1024),
     )
 }
 _SUFFIXES = ("-instruct", "-chat", "-base", "-hf")
-_DEMO_MODEL = re.compile(r"(?:^|/)runs/demo-seed\d+/model-sft/?$|^(?:\./)?runs/demo-seed\d+/model-sft/?$")
+# what `asearch demo` writes: its tiny model, or with --preset smollm2 the SmolLM2 it fine-tunes
+_DEMO_MODEL = re.compile(r"(?:^|/)runs/demo-(smollm2-)?seed\d+/model-sft/?$")
 
 
 def shape_from_config(config: Any, name: str = "model") -> ModelShape:
@@ -142,14 +144,16 @@ def model_shape(name_or_path: str) -> ModelShape:
     from asearch.models.loading import BUILTIN_MODELS, resolve_model_path
 
     name = str(name_or_path)
-    path = Path(resolve_model_path(name) if name.lower() in BUILTIN_MODELS else name).expanduser()
+    path = Path(name).expanduser()
     if (path / "config.json").is_file():
         return shape_from_config(json.loads((path / "config.json").read_text(encoding="utf-8")), name)
     known = _known_shape(name)
     if known is not None:
         return known
-    if _DEMO_MODEL.search(name):
-        return KNOWN_SHAPES["asearch-demo-tiny"]
+    if name.lower() in BUILTIN_MODELS:  # converted on first use
+        return model_shape(resolve_model_path(name))
+    if demo := _DEMO_MODEL.search(name):
+        return KNOWN_SHAPES["smollm2-135m" if demo.group(1) else "asearch-demo-tiny"]
     cached = _cached_config(name)
     if cached is not None:
         return shape_from_config(cached, name)
@@ -541,7 +545,9 @@ def fixes(
 
     def context(t: TrainerSettings, s: ServerSettings) -> Change:
         n = _largest(lambda n: fits(replace(t, row_tokens=n), replace(s, max_seq_len=n)), 256, t.row_tokens)
-        return (f"engine.max_seq_len <= {n}", replace(t, row_tokens=n), replace(s, max_seq_len=n)) if n else None
+        # launched servers take their context from the agent's budget, which may not exceed it
+        knob = "engine.max_seq_len" if layout.in_process_engine else "engine.max_seq_len and agent.max_context_tokens"
+        return (f"{knob} <= {n}", replace(t, row_tokens=n), replace(s, max_seq_len=n)) if n else None
 
     knobs = (checkpointing, chunk, ranks, budget, batch, context)
     alone = [c[0] for knob in knobs if (c := knob(ts, ss)) is not None and fits(c[1], c[2])]
@@ -605,7 +611,8 @@ def device_memory(cfg: TrainConfig, *, cuda: bool, override_gb: float | None = N
 
 def plan_for(cfg: TrainConfig, *, model: Any = None, override_gb: float | None = None) -> MemoryPlan:
     """`cfg`'s plan on its devices; `model`: the policy already in memory (its config is read, not the path's)."""
-    shape = shape_from_config(model.config, cfg.model) if model is not None else model_shape(cfg.model)
+    config = getattr(model, "config", None)
+    shape = shape_from_config(config, cfg.model) if config is not None else model_shape(cfg.model)
     cuda = uses_cuda(cfg)
     device_bytes, device = device_memory(cfg, cuda=cuda, override_gb=override_gb)
     return plan_training(cfg, shape, device_bytes=device_bytes, device=device, cuda=cuda)
