@@ -119,7 +119,7 @@ def _peak_of(fn: Any, device: torch.device, tensors: Any) -> int:
 
 def measure_train_step(shape: ModelShape, rows: int, row: int, *, device: str = "cpu", generated: float = 0.3,
                        checkpointing: bool = False, dtype: str = "auto", lora_r: int = 0,
-                       kl_coef: float = 0.0) -> dict[str, Any]:  # fmt: skip
+                       kl_coef: float = 0.0, attention: str = "sdpa") -> dict[str, Any]:  # fmt: skip
     """Predicted and measured peak bytes of one train step (two micro-batches of `rows` x `row` tokens)."""
     from asearch.rl.trainer import PolicyTrainer, TrainerConfig
 
@@ -127,7 +127,7 @@ def measure_train_step(shape: ModelShape, rows: int, row: int, *, device: str = 
     ckpt_key = "activation_checkpointing" if "activation_checkpointing" in TrainerConfig.model_fields else "gradient_checkpointing"
     cfg = TrainerConfig(device=device, dtype=dtype, token_budget=rows * row, lora={"r": lora_r}, loss={"kl_coef": kl_coef},
                         **{ckpt_key: checkpointing})  # fmt: skip
-    trainer = PolicyTrainer(random_model(shape, dev), cfg, temperature=0.7)
+    trainer = PolicyTrainer(random_model(shape, dev, attention=attention), cfg, temperature=0.7)
     samples = _samples(shape, 2 * rows, row, generated)
     trainer.train_step(samples, policy_version=0)  # AdamW's moments exist from here on
 
@@ -142,11 +142,13 @@ def measure_train_step(shape: ModelShape, rows: int, row: int, *, device: str = 
         compute_bytes=compute, checkpointing=checkpointing, token_budget=rows * row, row_tokens=row,
         generated_tokens=rows * max(1, int(row * generated)), cuda=dev.type == "cuda",
         logprob_chunk=getattr(cfg, "logprob_chunk", None), lora_r=lora_r, kl_reference=kl_coef > 0 and not lora_r,
+        eager_rows=row if attention == "eager" and row < cfg.attention_switch_tokens else 0,
     )  # fmt: skip
     comps = trainer_components(shape, settings)
     predicted = sum(b for _, b in comps) + max(0, optimizer_step_bytes(shape, settings) - sum(
         b for n, b in comps if n in ("activations", "log-prob head")))  # fmt: skip
     what = "train step" + (f", LoRA r={lora_r}" if lora_r else "") + (", KL reference" if kl_coef else "")
+    what += ", eager attention" if attention == "eager" else ""
     return {"what": what, "shape": shape.name, "params": shape.params, "tokens": rows * row,
             "checkpointing": checkpointing, "predicted": predicted, "measured": measured,
             "components": dict(comps)}  # fmt: skip
@@ -194,8 +196,8 @@ def measure_engine_step(shape: ModelShape, max_batch: int, max_seq_len: int, *, 
 
 
 def calibration_rows(shapes: list[str], device: str = "cpu") -> list[dict[str, Any]]:
-    """Predicted against measured at each shape: a train step without and with checkpointing, with LoRA (r=16)
-    and with the KL reference, and an engine step."""
+    """Predicted against measured at each shape: a train step without and with checkpointing, with LoRA (r=16),
+    with the KL reference and (short rows) with eager attention, and an engine step."""
     rows = []
     for name in shapes:
         shape, n_rows, row = SHAPES[name]
@@ -203,6 +205,8 @@ def calibration_rows(shapes: list[str], device: str = "cpu") -> list[dict[str, A
         rows.append(measure_train_step(shape, n_rows, row, device=device, checkpointing=True))
         rows.append(measure_train_step(shape, n_rows, row, device=device, lora_r=16))
         rows.append(measure_train_step(shape, n_rows, row, device=device, kl_coef=0.01))
+        if row < 384:  # trainer.attention auto keeps a model's own eager attention on rows this short
+            rows.append(measure_train_step(shape, n_rows, row, device=device, attention="eager"))
         rows.append(measure_engine_step(shape, max_batch=16, max_seq_len=2 * row, device=device))
     for r in rows:
         r["error"] = r["predicted"] / r["measured"] - 1

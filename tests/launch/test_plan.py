@@ -148,6 +148,7 @@ def test_plan_within_20_percent_of_measured_train_steps_and_an_engine_step() -> 
         bench.measure_train_step(shape, rows, row, checkpointing=True),
         bench.measure_train_step(shape, rows, row, lora_r=16),
         bench.measure_train_step(shape, rows, row, kl_coef=0.01),
+        bench.measure_train_step(shape, rows, row, attention="eager"),
         bench.measure_engine_step(shape, max_batch=16, max_seq_len=2 * row),
     ]
     for m in measured:

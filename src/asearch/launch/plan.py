@@ -50,6 +50,7 @@ class ModelShape:
     tie_embeddings: bool = False
     qkv_bias: bool = False  # Qwen2 has q/k/v biases
     max_positions: int = 32768
+    attention: str = "sdpa"  # the kernel the model was loaded with (the demo trains its tiny model with eager)
 
     @property
     def dim(self) -> int:
@@ -132,6 +133,7 @@ def shape_from_config(config: Any, name: str = "model") -> ModelShape:
             head_dim=int(get("head_dim") or 0), tie_embeddings=bool(get("tie_word_embeddings", False)),
             qkv_bias=bool(get("attention_bias", get("model_type") == "qwen2")),
             max_positions=int(get("max_position_embeddings") or 32768),
+            attention=str(getattr(config, "_attn_implementation", None) or "sdpa"),
         )  # fmt: skip
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{name}: its config lacks a decoder's numbers (hidden_size, num_hidden_layers, ...): {e}") from e
@@ -201,7 +203,7 @@ class TrainerSettings:
     logprob_chunk: int | None = None  # tokens per head chunk; None: the whole micro-batch at once
     full_logits: bool = False  # every position's logits (a sharded or non-Qwen/Llama model), not generated tokens only
     generated_tokens: int | None = None  # loss-mask tokens of the micro-batch; None: every token (the worst case)
-    eager_attention: bool = False  # (rows, heads, T, T) scores kept per layer
+    eager_rows: int = 0  # longest row trained with plain-matmul attention, whose (heads, T, T) softmax is kept per layer
     cuda: bool = False  # foreach AdamW's temporaries (CUDA); one parameter's on a CPU
     temperature_copy: bool = True  # logits / temperature is one more vocabulary-wide tensor
 
@@ -279,8 +281,8 @@ def trainer_components(shape: ModelShape, s: TrainerSettings) -> list[tuple[str,
 
 def _activations(shape: ModelShape, s: TrainerSettings) -> int:
     per_layer = layer_activation_bytes(shape, s) * s.tokens
-    if s.eager_attention:
-        per_layer += s.tokens * shape.heads * s.row_tokens * s.compute_bytes
+    if s.eager_rows:  # float32 softmax probabilities (and their cast under autocast), per query and key
+        per_layer += s.tokens * shape.heads * s.eager_rows * (4 if s.compute_bytes == 4 else 4 + s.compute_bytes)
     residual = 4 if s.param_bytes == 4 else s.param_bytes
     final = s.tokens * shape.hidden * 3 * residual  # the last layer's output, the final norm's
     if s.checkpointing:  # each layer's input; one layer's recompute comes after the head's backward has freed its own
@@ -425,13 +427,15 @@ def trainer_settings(cfg: TrainConfig, shape: ModelShape, *, cuda: bool) -> Trai
     checkpointing = (cuda if ckpt == "auto" else bool(ckpt)) if ckpt is not None else t.gradient_checkpointing
     ranks = cfg.allocation.trainer_ranks if cfg.launcher != "none" else 1
     row = _context_tokens(cfg, shape)
-    own_attention = "eager" if shape.name == "asearch-demo-tiny" else "sdpa"
-    eager = t.attention == "eager" or (t.attention in ("auto", "model") and own_attention == "eager" and row < t.attention_switch_tokens)
+    # trainer.attention auto keeps a model's own eager attention below attention_switch_tokens (use_attention)
+    eager_rows = row if t.attention == "eager" or (t.attention == "model" and shape.attention == "eager") else 0
+    if t.attention == "auto" and shape.attention == "eager":
+        eager_rows = min(row, t.attention_switch_tokens - 1)
     return TrainerSettings(
         ranks=ranks, param_bytes=param, compute_bytes=min(compute, param), checkpointing=checkpointing,
         token_budget=t.token_budget, row_tokens=row, lora_r=t.lora.r, lora_targets=tuple(t.lora.target_modules),
         kl_reference=t.loss.kl_coef > 0 and not t.lora.enabled, logprob_chunk=getattr(t, "logprob_chunk", None) or None,
-        full_logits=ranks > 1 and getattr(t, "logprob_chunk", None) is None, eager_attention=eager, cuda=cuda,
+        full_logits=ranks > 1 and getattr(t, "logprob_chunk", None) is None, eager_rows=eager_rows, cuda=cuda,
         temperature_copy=cfg.agent.temperature > 0,
     )  # fmt: skip
 
