@@ -187,8 +187,8 @@ class InProcessEngine:
             self._cache = SlotKVCache(
                 self.spec, self._dtype, self.cfg.max_batch, self.max_seq_len, self.device, spare_slot=graphs
             )
-        # CUDA: decode runs on a stream of its own, after everything the constructor queued
-        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        # CUDA: decode runs on a stream of its own (high priority: a step waits on it), after what the constructor queued
+        self._stream = torch.cuda.Stream(self.device, priority=-1) if self.device.type == "cuda" else None
         if self._stream is not None:
             self._stream.wait_stream(torch.cuda.current_stream(self.device))
         self._graphs = (
