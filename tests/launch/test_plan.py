@@ -169,11 +169,14 @@ def test_the_tracker_counts_what_lives() -> None:
 
 
 def test_device_memory_is_the_knob_then_the_gpu_then_ram() -> None:
-    cfg = load_config(TrainConfig, SEVEN_B)
-    assert planning.device_memory(cfg, cuda=True)[0] == 80 * planning.GiB  # device_memory_gb: 80
-    no_knob = load_config(TrainConfig, SEVEN_B, ["device_memory_gb=null"])
-    size, where = planning.device_memory(no_knob, cuda=True)
     import torch
 
+    cfg = load_config(TrainConfig, SEVEN_B)
+    assert planning.device_memory(cfg, cuda=True)[0] == 80 * planning.GiB  # device_memory_gb: 80
+    on_ray = load_config(TrainConfig, SEVEN_B, ["device_memory_gb=null"])
+    assert planning.device_memory(on_ray, cuda=True) == (None, planning.device_memory(on_ray, cuda=False)[1])
+    assert "launcher=ray places the trainer" in planning.device_memory(on_ray, cuda=True)[1]  # not this machine's
+    here = load_config(TrainConfig, ROOT / "configs" / "train-world-tiny.yaml")
+    size, where = planning.device_memory(here, cuda=True)
     assert (size is None) == (not torch.cuda.is_available()) and ("no GPU here" in where) == (size is None)
-    assert planning.device_memory(no_knob, cuda=False)[1].endswith("(this machine's RAM)")
+    assert planning.device_memory(here, cuda=False)[1].endswith("(this machine's RAM)")

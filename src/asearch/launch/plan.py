@@ -598,10 +598,15 @@ def uses_cuda(cfg: TrainConfig) -> bool:
 
 def device_memory(cfg: TrainConfig, *, cuda: bool, override_gb: float | None = None) -> tuple[int | None, str]:
     """(bytes of one device, where that number came from): `override_gb` or device_memory_gb, the visible
-    GPU's memory, this machine's RAM on a CPU; None when the trainer wants GPUs this machine does not have."""
+    GPU's memory, this machine's RAM on a CPU; None when the trainer wants GPUs this machine does not have,
+    or a launcher places it on a cluster's nodes (launcher=ray: their memory is not this machine's)."""
     gb = override_gb if override_gb is not None else getattr(cfg, "device_memory_gb", None)
     if gb is not None:
         return int(gb * GiB), f"{gb:g} GiB (given)"
+    from asearch.launch.registry import launcher_type
+
+    if cfg.launcher != "none" and launcher_type(cfg.launcher).places_trainer:
+        return None, f"unknown (launcher={cfg.launcher} places the trainer on the cluster: give --device-memory-gb)"
     if cuda:
         import torch
 

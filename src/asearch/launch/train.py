@@ -81,7 +81,8 @@ class TrainConfig(LoopConfig):
     device_memory_gb: float | None = Field(
         None, gt=0, description="Memory of one device (GPU, or the machine on a CPU) in GiB for the memory plan that "
         "`asearch train` checks before it starts anything (docs/plan.md). None: the visible GPU's, else this machine's "
-        "RAM; a CUDA trainer on GPUs this machine lacks (a Ray cluster) is not checked unless it is set.",
+        "RAM; trainer ranks on a Ray cluster, or a CUDA trainer where this machine has no GPU, are not checked unless "
+        "it is set.",
     )
     tools: ToolsConfig = Field(default_factory=ToolsConfig, description="The agent's tools during training.")
     corpus_from_data: bool = Field(
@@ -137,6 +138,24 @@ class TrainConfig(LoopConfig):
             raise ValueError("corpus_from_data builds a local index per corpus: drop tools.server_url, tools.web and tools.index")
         if self.launcher == "none" and self.rollout_servers is not None and not urls:
             raise ValueError("rollout_servers needs urls of running servers, or launcher=local to start them")
+        return self
+
+    @model_validator(mode="after")
+    def _servers_hold_the_agent_context(self) -> TrainConfig:
+        """Launched rollout servers take their context length (vLLM --max-model-len, the engine server's
+        --max-seq-len) from engine.max_seq_len; unset, it follows the agent's budget, and set smaller it would
+        cut every episode that reaches the budget."""
+        if self.launcher == "none":
+            return self
+        options, budget = self.engine.options, self.agent.max_context_tokens
+        if "max_seq_len" not in options.model_fields_set:
+            options.max_seq_len = budget
+        elif options.max_seq_len < budget:
+            raise ValueError(
+                f"engine.max_seq_len={options.max_seq_len} (the rollout servers' context length) is smaller than "
+                f"agent.max_context_tokens={budget} (the agent's context budget): raise engine.max_seq_len, lower "
+                "agent.max_context_tokens, or leave engine.max_seq_len unset to follow the agent"
+            )
         return self
 
     @property
@@ -338,7 +357,7 @@ async def rollout_engine(
     weights: DiskWeights | CollectiveWeights
     weights = disk = DiskWeights(engine, trainer, tokenizer, run / "weights", servers.keep_weights, servers.weights_disk_dtype)
     if servers.weights == "collective" and engine.supports_weight_group() and hasattr(trainer, "broadcast_weights"):
-        tp = servers.vllm.tensor_parallel_size if servers.kind == "vllm" else 1
+        tp = {"vllm": servers.vllm.tensor_parallel_size, "sglang-server": servers.sglang.tp_size}.get(servers.kind, 1)
         weights = CollectiveWeights(
             engine, trainer, disk, list(urls), servers.weights_bucket_mb, servers.weights_dtype, servers.weights_timeout_s, tp,
             None if servers.weights_backend == "auto" else servers.weights_backend,
