@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,18 @@ def test_train_runs_an_openai_client_agent(tools_model, train_command, subproces
         assert t["style"] == "openai_agent" and t["counters"]["llm_calls"] == len(t["turns"]) >= 1
         generated = sum(sum(s["loss_mask"]) for s in t["segments"])
         assert generated == t["counters"]["generated_tokens"] == sum(turn["output_tokens"] for turn in t["turns"])
+
+
+@pytest.mark.slow
+def test_eval_runs_an_openai_client_agent(tools_model, subprocess_env, tmp_path) -> None:
+    out = tmp_path / "eval"
+    cmd = [
+        sys.executable, "-m", "asearch", "eval", "-d", "world:seed=1,entities=200,n=3", "--out", str(out), "--no-progress",
+        "engine.kind=inprocess", f"engine.model={tools_model}", "tools.corpus=world:seed=1,entities=200",
+        "agent.max_new_tokens=8", "workflow.kind=openai_agent", f"workflow.agent={AGENT}",
+    ]  # fmt: skip
+    done = subprocess.run(cmd, env=subprocess_env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(r["trajectory"]["style"] == "openai_agent" for r in rows)
+    assert all(1 <= r["trajectory"]["turns"][0]["output_tokens"] <= 8 for r in rows)  # capped by agent.max_new_tokens
