@@ -162,3 +162,18 @@ def test_cli_import_with_real_embeddings_prints_recall_and_serves_dense(minilm_f
     r = CliRunner().invoke(app, args)
     assert r.exit_code != 0 and "already exists" in str(r.exception)
     index.close()
+
+
+def test_index_build_takes_the_new_kinds_too():
+    """dense.index_type=ivfsq8 / opq_ivfpq in `asearch index build` go through the same faiss factory."""
+    from asearch.retrieval.dense import DenseConfig, _make_index
+
+    x = clustered(600, 32)
+    for kind in ("ivfsq8", "opq_ivfpq"):
+        index, facts = _make_index(DenseConfig(index_type=kind, ivf_nlist=8, pq_m=8), 32, x)
+        index.add(x)
+        faiss.extract_index_ivf(index).nprobe = 8
+        assert facts["index_type"] == kind and facts["nlist"] == 8
+        assert (index.search(x[:50], 5)[1] == np.arange(50)[:, None]).any(axis=1).mean() >= 0.9
+    with pytest.raises(IndexError_, match="opq_ivfpq needs >= 32 training vectors"):
+        _make_index(DenseConfig(index_type="opq_ivfpq", train_size=256, pq_m=8), 32, clustered(30, 32))
