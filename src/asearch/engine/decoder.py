@@ -443,8 +443,9 @@ class DecodeGraphs:
     batch bucket B (a power of two up to max_batch); padding rows decode token 0 at position 0 and write
     their K/V into the cache's spare slot. Attention reads the first L keys of every row, L the key bucket
     (a power of two >= 64 covering the longest row), with the mask hiding each row's positions past its own.
-    Inputs go through one static device buffer fed from pinned memory without blocking; the logits tensor is
-    static too and valid until the next replay. Graphs hold the addresses of the weights (the engine updates
+    Inputs go through one static device buffer fed from pinned memory without blocking; every graph ends by
+    copying its logits into one static (max_batch, vocab) float32 buffer, valid until the next replay (so
+    graphs keep no vocabulary-wide output each). Graphs hold the addresses of the weights (the engine updates
     those in place) and of the KV buffers: a cache reallocation drops every graph, and they are captured
     again on use. `capture=False` runs the same padded forward eagerly (tests on the CPU).
     """
@@ -461,7 +462,8 @@ class DecodeGraphs:
         self.stream, self.capture = stream, capture
         # per row: token, start, write slot; rows first, so a bucket's inputs are one contiguous copy
         self.inputs = torch.zeros(max_batch, 3, dtype=torch.long, device=cache.device)
-        self._graphs: dict[tuple[int, int], tuple[Any, Tensor]] = {}
+        self.out = torch.zeros(max_batch, spec.vocab_size, dtype=torch.float32, device=cache.device)
+        self._graphs: dict[tuple[int, int], Any] = {}
         self._generation = cache.generation
         self._pool: Any = None
 
@@ -485,19 +487,19 @@ class DecodeGraphs:
         staged = torch.tensor(rows, dtype=torch.long, pin_memory=self.cache.device.type == "cuda")
         self.inputs[:B].copy_(staged, non_blocking=True)
         if not self.capture:
-            return self._forward(weights, B, L)[:n]
-        entry = self._graphs.get((B, L))
-        if entry is None:
-            entry = self._graphs[(B, L)] = self._capture(weights, B, L)
-        graph, out = entry
-        graph.replay()
-        return out[:n]
+            self._forward(weights, B, L)
+        else:
+            if (B, L) not in self._graphs:
+                self._graphs[(B, L)] = self._capture(weights, B, L)
+            self._graphs[(B, L)].replay()
+        return self.out[:n]
 
-    def _forward(self, weights: DecoderWeights, B: int, L: int) -> Tensor:
+    def _forward(self, weights: DecoderWeights, B: int, L: int) -> None:
         tokens, starts, slots = self.inputs[:B, 0:1], self.inputs[:B, 1], self.inputs[:B, 2]
-        return forward(self.spec, weights, self.rope, self.cache, 0, tokens, starts, None, n_keys=L, write_slots=slots)
+        logits = forward(self.spec, weights, self.rope, self.cache, 0, tokens, starts, None, n_keys=L, write_slots=slots)
+        self.out[:B].copy_(logits)
 
-    def _capture(self, weights: DecoderWeights, B: int, L: int) -> tuple[Any, Tensor]:
+    def _capture(self, weights: DecoderWeights, B: int, L: int) -> Any:
         # Warm-up runs (kernel selection, workspace allocation) must precede capture; they run the real
         # step, so the K/V they write are the ones the replay writes again.
         for _ in range(2):
@@ -505,6 +507,6 @@ class DecodeGraphs:
         graph = torch.cuda.CUDAGraph()
         # thread_local: a trainer thread of the same process may use the GPU while this thread captures
         with torch.cuda.graph(graph, pool=self._pool, stream=self.stream, capture_error_mode="thread_local"):
-            out = self._forward(weights, B, L)
+            self._forward(weights, B, L)
         self._pool = graph.pool()
-        return graph, out
+        return graph
