@@ -331,6 +331,9 @@ def table(result: dict[str, Any]) -> str:
         if r["mean_turns_after"] is not None:
             access = "none correct" if r["access_rate_correct"] is None else f"{r['access_rate_correct']:.2f}"
             lines[-1] += f", {r['mean_turns_after']:.1f} turns an episode after, correct ones using access: {access}"
+    for r in (r for r in result["rows"] if r["phase"] == "weights"):
+        what = f"{r['seconds']:.2f} s for {r['gb']:.2f} GB = {r['s_per_gb']:.2f} s/GB" if "error" not in r else f"failed: {r['error']}"
+        lines += [f"weight sync {r['method']} ({r['backend']}): {what}"]
     for name, err in result["errors"].items():
         lines += ["", f"{name} FAILED: {err.strip().splitlines()[-1]}"]
     return "\n".join(lines)
@@ -344,7 +347,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--out", type=Path, default=Path("gpu_check.json"))
-    ap.add_argument("--phases", default="parity,decode,train,rl,long", help="comma-separated: parity, decode, train, rl, long")
+    ap.add_argument("--phases", default="parity,decode,train,rl,long", help="comma-separated: parity, decode, train, rl, long, weights (weight sync, bench/weight_sync.py)")
     ap.add_argument("--parity-new", type=int, default=24, help="greedy tokens per prompt in the parity phase")
     ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 64, 256])
     ap.add_argument("--prompt", type=int, default=256, help="prompt tokens per request")
@@ -363,8 +366,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     print(json.dumps(result["env"]), flush=True)
     phases = args.phases.split(",")
-    if unknown := set(phases) - {"parity", "decode", "train", "rl", "long"}:
-        ap.error(f"unknown phases {sorted(unknown)} (parity, decode, train, rl, long)")
+    if unknown := set(phases) - {"parity", "decode", "train", "rl", "long", "weights"}:
+        ap.error(f"unknown phases {sorted(unknown)} (parity, decode, train, rl, long, weights)")
     for phase in phases:
         t = time.perf_counter()
         try:
@@ -374,6 +377,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 rows = decode_rows(build_model(args.shape, device, resolve_dtype("auto", device)), args)
             elif phase == "train":
                 rows = train_rows(build_model(args.shape, device, torch.float32), args, peak_flops(device))
+            elif phase == "weights":  # weight sync to a server on this device (bench/weight_sync.py)
+                from weight_sync import gpu_check_rows
+
+                rows = gpu_check_rows(args.shape, args.device)
             else:
                 rows = rl_rows(args, args.work or args.out.parent, phase)
             result["rows"] += rows

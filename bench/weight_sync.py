@@ -144,6 +144,38 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"results": results, "n_params": n_params}
 
 
+def gpu_check_rows(shape: str, device: str, repeats: int = 2) -> list[dict[str, Any]]:
+    """bench/gpu_check.py's `weights` phase: a DistributedPolicyTrainer of world size 1 (NCCL on CUDA) pushes
+    to one `asearch engine serve` on the same device, by disk (float32, bfloat16) and over a weight group;
+    seconds per GB moved. With one GPU NCCL may refuse a group whose two ranks share it: then the collective
+    row is measured again over gloo (tensors through host memory), and both outcomes are kept."""
+    import traceback
+
+    def once(methods: list[str], backend: str | None) -> dict[str, list[dict[str, float]]]:
+        ns = argparse.Namespace(shape=shape, servers=1, repeats=repeats, methods=methods, device=device,
+                                backend=backend, fsdp=True, threads=torch.get_num_threads(), work=None)  # fmt: skip
+        return run(ns)["results"]
+
+    def rows_of(results: dict[str, list[dict[str, float]]], backend: str) -> list[dict[str, Any]]:
+        out = []
+        for method, runs in results.items():
+            med = statistics.median(r["seconds"] for r in runs)
+            gb = runs[0]["bytes"] / 1e9
+            out.append({"phase": "weights", "method": method, "backend": backend if method == "collective" else "disk",
+                        "seconds": med, "gb": gb, "s_per_gb": med / max(gb, 1e-12), "runs": [r["seconds"] for r in runs]})  # fmt: skip
+        return out
+
+    first = "nccl" if device.startswith("cuda") else "gloo"
+    try:
+        return rows_of(once(list(METHODS), first), first)
+    except Exception:  # noqa: BLE001 - recorded, then the gloo measurement
+        if first == "gloo":
+            raise
+        error = traceback.format_exc().strip().splitlines()[-1]
+        rows = rows_of(once(["disk-float32", "disk-bfloat16", "collective"], "gloo"), "gloo")
+        return rows + [{"phase": "weights", "method": "collective", "backend": "nccl", "error": error}]
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")

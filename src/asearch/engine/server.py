@@ -437,7 +437,7 @@ class EngineServer:
         if body.get("weight_version") is None:
             return True, f"Received {len(tensors)} tensors."
         del self._received[name]
-        return await self._swap_weights(received, body, f"group {name} ({len(received)} tensors)")
+        return await self._swap_weights(received, body, f"group:{name}")  # one token: log readers split on spaces
 
     async def destroy_weights_group(self, body: Mapping[str, Any]) -> None:
         name = str(body.get("group_name") or "weights")

@@ -101,18 +101,23 @@ class BroadcastsWeights:
             raise RuntimeError("broadcast_weights before join_weight_group")
         wire = parse_dtype(dtype)
         sent = 0
+        # (work, tensor) pairs: the next tensor is cast while one is on the wire
+        in_flight: list[tuple[Any, torch.Tensor]] = []
         with torch.no_grad():
             for _, tensor in sync_items(self.model):
-                full = (
-                    tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-                )  # FSDP: a collective
+                # FSDP: gathering a parameter is a collective of every rank
+                full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
                 if not sender:
                     continue
                 assert self._weight_group is not None
                 device = "cuda" if self._weight_group.backend == "nccl" else "cpu"
                 out = full.detach().to(device=device, dtype=wire).contiguous()
-                self._weight_group.broadcast(out)
+                in_flight.append((self._weight_group.start_broadcast(out), out))
+                if len(in_flight) > 2:
+                    in_flight.pop(0)[0].wait()
                 sent += out.numel() * out.element_size()
+        for work, _ in in_flight:
+            work.wait()
         return sent
 
     def leave_weight_group(self) -> None:

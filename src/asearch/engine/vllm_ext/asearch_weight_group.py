@@ -50,7 +50,11 @@ class WeightGroup:
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         """Rank 0 sends `tensor`; every other member receives into its `tensor` (same shape and dtype)."""
-        self.process_group.broadcast(tensor, 0).wait()
+        self.start_broadcast(tensor).wait()
+
+    def start_broadcast(self, tensor: torch.Tensor) -> Any:
+        """`broadcast` without waiting: returns the work to `wait()` on (keep `tensor` alive until then)."""
+        return self.process_group.broadcast(tensor, 0)
 
     def close(self) -> None:
         """Leave the group (the process group before its store: the other order aborts the process)."""
@@ -110,9 +114,11 @@ def receive_tensors(
     if not len(names) == len(dtypes) == len(shapes):
         raise ValueError(f"{len(names)} names, {len(dtypes)} dtypes and {len(shapes)} shapes differ")
     device = "cpu" if group.backend == "gloo" else device
-    out = []
+    out, works = [], []
     for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
         tensor = torch.empty(tuple(int(s) for s in shape), dtype=parse_dtype(dtype), device=device)
-        group.broadcast(tensor)
+        works.append(group.start_broadcast(tensor))  # all posted at once: no round trip between tensors
         out.append((name, tensor))
+    for work in works:
+        work.wait()
     return out
