@@ -41,7 +41,9 @@ END = "<|im_end|>"
 
 class ChatExpert:
     """The world expert over a chat prompt: the question and the tool results read off the template's turns,
-    handed to the expert in its own format; its action written back as a call or an answer."""
+    handed to the expert in its own format; its action written back as a call or an answer. A name keeps the
+    space before it (`{"query": " Kota Films"}`, ` Kota Films`): byte-level BPE spells a word after `"` or a
+    newline with other tokens than the question and the results do, which a tiny model cannot copy (docs/demo.md)."""
 
     def __init__(self, expert: WorldExpert):
         self.expert = expert
@@ -51,7 +53,7 @@ class ChatExpert:
         question = users[-1].strip() if users else ""
         results = "".join(f"\n<information>\n{r}\n</information>\n" for r in _TOOL.findall(prompt))
         m = _ACT.search(self.expert(f"Question: {question}\n{results}"))
-        action, text = (m.group(1), m.group(2).strip()) if m else ("answer", "unknown")
+        action, text = (m.group(1), " " + m.group(2).strip()) if m else ("answer", " unknown")
         if action == "search":
             return render_call_text([{"name": "search", "arguments": {"query": text}}], "hermes") + END
         return text + END
@@ -119,7 +121,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         c = model.config
         model = build_tiny_model(tokenizer, hidden=c.hidden_size, layers=c.num_hidden_layers, heads=c.num_attention_heads,
                                  max_positions=c.max_position_embeddings, seed=args.seed)  # fmt: skip
-    losses = sft(model, trajectories_to_samples(trajs), SFTConfig(steps=args.sft_steps, seed=args.seed))
+    # the demo's SFT: loss also on read tokens a copy could predict (docs/demo.md)
+    sft_cfg = SFTConfig(steps=args.sft_steps, seed=args.seed, token_budget=2048, context_loss_weight=1.0, context_tokens="repeated")
+    losses = sft(model, trajectories_to_samples(trajs), sft_cfg)
     print(f"SFT {args.sft_steps} steps: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     save_tiny(model, tokenizer, Path(args.out))
 
