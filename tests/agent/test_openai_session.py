@@ -187,7 +187,7 @@ def test_malformed_calls_fail_the_format_gate_and_failures_end_episodes(tokenize
     bad = '<tool_call>{"name": "search", "arguments": </tool_call>'
     traj = asyncio.run(OpenAIAgentWorkflow(search_agent, tokenizer, agent_cfg(), tools={"search": FakeSearch()})
                        .arun_episode(ScriptedEngine.from_replies(tokenizer, [bad]), ITEM))  # fmt: skip
-    assert traj.counters["tool_call_parse_errors"] == 1 and traj.reward == 0.0 and traj.reward_reason.startswith("format")
+    assert traj.counters["tool_call_parse_errors"] == traj.counters["parse_errors"] == 1 and traj.reward == 0.0 and traj.reward_reason.startswith("format")
     # a call beyond agent.max_turns is refused: the episode ends there
     looping = render_call_text([{"name": "search", "arguments": {"query": "x"}}], "hermes")
     flow = OpenAIAgentWorkflow(search_agent, tokenizer, agent_cfg(max_turns=2), tools={"search": FakeSearch()})

@@ -44,6 +44,8 @@ def test_train_runs_an_openai_client_agent(tools_model, train_command, subproces
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["heldout_acc_final"] is not None
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all("rollout/prompt_mismatches" in m for m in metrics if "rollout/reward_mean" in m)
     trajs = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
     assert trajs
     for row in trajs:

@@ -142,6 +142,7 @@ class EpisodeSession:
         turn = self.traj.turns[-1]
         if reply.malformed:
             turn.parse_error = f"malformed tool call: {reply.malformed}"
+            self.traj.count("parse_errors")  # the built-in agent's counter (rollout/parse_errors, eval's column)
         elif reply.calls:
             turn.action, turn.argument = reply.calls[0].name, reply.calls[0].arguments
 

@@ -312,6 +312,9 @@ def rollout_metrics(
         "rollout/staleness_max": float(max(staleness, default=0)),
         "rollout/staleness_mean": sum(s * c for s, c in staleness.items()) / max(sum(staleness.values()), 1),
     }
+    if any(t.style == "openai_agent" for t in trajs):  # an OpenAI-client agent's
+        m["rollout/prompt_mismatches"] = float(sum(t.counters.get("prompt_mismatches", 0) for t in trajs))
+        m["rollout/agent_errors"] = float(sum(t.counters.get("agent_errors", 0) for t in trajs))
     for s, c in staleness.items():
         m[f"rollout/staleness_hist/{s}"] = float(c)
     for cause, c in controller.rejected.items():
