@@ -18,10 +18,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_check import SHAPES  # noqa: E402
 
 METHODS = ("disk-float32", "disk-bfloat16", "collective")
+BASE = "base"  # disk float32 measured on the --baseline-rev commit's code (trainer and servers)
 
 
 def build_policy(shape: str, seed: int = 0):
@@ -65,13 +68,18 @@ async def measure(trainer, tok, urls: list[str], sups: list, work: Path, method:
     from asearch.engine.http import HttpConfig
     from asearch.engine.pool import EnginePool
     from asearch.engine.sglang import SGLangEngine, SGLangEngineConfig
-    from asearch.rl.weights import CollectiveWeights, DiskWeights
+    from asearch.rl import weights as sync  # the base commit has no CollectiveWeights
+
+    DiskWeights, CollectiveWeights = sync.DiskWeights, getattr(sync, "CollectiveWeights", type(None))
 
     http = HttpConfig(timeout_s=1200, retries=0)
     engines = [SGLangEngine(u, cfg=SGLangEngineConfig(http=http, initial_version=version)) for u in urls]
     pool = EnginePool(engines, names=urls, supervisors=sups, version=version)
     dtype = {"disk-float32": None, "disk-bfloat16": "bfloat16"}.get(method)
-    disk = DiskWeights(pool, trainer, tok, work / method, keep=2, dtype=dtype)
+    if method == BASE:  # this module under PYTHONPATH=<base worktree>/src: that commit's DiskWeights as it was
+        disk = DiskWeights(pool, trainer, tok, work / method, 2)
+    else:
+        disk = DiskWeights(pool, trainer, tok, work / method, keep=2, dtype=dtype)
     weights: Any = disk
     if method == "collective":
         weights = CollectiveWeights(pool, trainer, disk, urls, backend=backend)
@@ -81,7 +89,11 @@ async def measure(trainer, tok, urls: list[str], sups: list, work: Path, method:
             t0 = time.perf_counter()
             await weights.push(version + 1 + i)
             seconds = time.perf_counter() - t0
-            m = weights.metrics()
+            if method == BASE:
+                written = (work / method / f"v{version + 1 + i}").glob("*.safetensors")
+                m = {"weights/collective": False, "weights/sync_bytes": float(sum(f.stat().st_size for f in written))}
+            else:
+                m = weights.metrics()
             assert m["weights/collective"] == (method == "collective"), m
             rows.append({"seconds": seconds, "bytes": m["weights/sync_bytes"]})
             print(f"  {method} #{i + 1}: {seconds:.2f} s, {m['weights/sync_bytes'] / 1e9:.2f} GB", flush=True)
@@ -96,7 +108,7 @@ async def measure(trainer, tok, urls: list[str], sups: list, work: Path, method:
 def table(results: dict[str, list[dict[str, float]]], n_params: int, servers: int) -> str:
     base = statistics.median(r["seconds"] for r in results["disk-float32"]) if "disk-float32" in results else None
     lines = [
-        f"| method | median s per sync ({servers} servers) | runs (s) | bytes moved by the trainer | vs disk float32 |",
+        f"| method | median s per sync ({servers} servers) | runs (s) | update size | vs disk float32 |",
         "|---|---:|---|---:|---:|",
     ]
     for method, rows in results.items():
@@ -144,6 +156,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"results": results, "n_params": n_params}
 
 
+def baseline(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
+    """Disk float32 on the `--baseline-rev` commit: this script in a subprocess with that commit's `src` first on
+    PYTHONPATH (the servers it launches inherit it), in a worktree made for it."""
+    rev = subprocess.run(["git", "rev-parse", "--short", args.baseline_rev], capture_output=True, text=True, check=True).stdout.strip()
+    tree = Path(f"/tmp/wt-{rev}")
+    if not tree.exists():
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], check=True, capture_output=True)
+    answer = Path(tempfile.mkdtemp()) / "base.json"
+    cmd = [sys.executable, __file__, "--shape", args.shape, "--servers", str(args.servers), "--repeats", str(args.repeats),
+           "--methods", BASE, "--device", args.device, "--threads", str(args.threads), "--json", str(answer)]  # fmt: skip
+    print(f"{BASE}: disk float32 on {rev} ({tree})", flush=True)
+    subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(tree / "src")})
+    return {f"disk-float32 @ {rev}": json.loads(answer.read_text())["results"][BASE]}
+
+
 def gpu_check_rows(shape: str, device: str, repeats: int = 2) -> list[dict[str, Any]]:
     """bench/gpu_check.py's `weights` phase: a DistributedPolicyTrainer of world size 1 (NCCL on CUDA) pushes
     to one `asearch engine serve` on the same device, by disk (float32, bfloat16) and over a weight group;
@@ -188,12 +215,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the trainer")
     ap.add_argument("--work", default=None, help="where the weights directories go (default: the temp dir)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "weight_sync.md")
+    ap.add_argument("--baseline-rev", default=None, help="also measure disk float32 on this commit's code (git worktree)")
+    ap.add_argument("--json", type=Path, default=None, help=argparse.SUPPRESS)  # the baseline's subprocess answers here
     args = ap.parse_args(argv)
-    if unknown := set(args.methods) - set(METHODS):
+    if unknown := set(args.methods) - {*METHODS, BASE}:
         ap.error(f"unknown methods {sorted(unknown)} ({', '.join(METHODS)})")
     t = time.perf_counter()
+    base = baseline(args) if args.baseline_rev else {}
     out = run(args)
-    text = table(out["results"], out["n_params"], args.servers)
+    if args.json:
+        args.json.write_text(json.dumps(out))
+        return out
+    text = table({**base, **out["results"]}, out["n_params"], args.servers)
     cmd = "python bench/weight_sync.py " + " ".join(argv if argv is not None else sys.argv[1:])
     where = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, device {args.device}"
     report = f"# Weight sync, trainer -> {args.servers} rollout servers\n\n`{cmd.strip()}` ({where}; " \
