@@ -317,6 +317,7 @@ def main() -> None:
     ap.add_argument("--dense-memory-gb", type=float, default=0.1, help="budget of the imported dense index")
     ap.add_argument("--dense-queries", type=int, default=2000)
     ap.add_argument("--no-dense", action="store_true")
+    ap.add_argument("--no-bm25", action="store_true", help="only the dense mechanics (their import builds BM25 too)")
     ap.add_argument("--vocab", type=int, default=VOCAB, help="vocabulary size (smaller only for quick runs)")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/wiki_scale"))
     ap.add_argument("--keep", action="store_true", help="keep the corpus and indexes")
@@ -349,10 +350,13 @@ def run(args: argparse.Namespace) -> None:
         corpus = work / "wiki.jsonl"
         res["corpus"] = write_corpus(corpus, n, args.vocab)
         print("corpus", res["corpus"], flush=True)
-        res["build"] = run_phase("build", corpus=str(corpus), out=str(work / "idx"))
-        print("build", res["build"], flush=True)
-        res["serve"] = serve_and_load(work / "idx", corpus, [int(c) for c in args.clients.split(",")], args.requests)
-        print("serve", res["serve"], flush=True)
+        if not args.no_bm25:
+            res["build"] = run_phase("build", corpus=str(corpus), out=str(work / "idx"))
+            print("build", res["build"], flush=True)
+            clients = [int(c) for c in args.clients.split(",")]
+            res["serve"] = serve_and_load(work / "idx", corpus, clients, args.requests)
+            print("serve", res["serve"], flush=True)
+            shutil.rmtree(work / "idx")  # disk: the dense import writes its own stores next
         if not args.no_dense:
             flat = work / "e5_Flat.index"
             res["flat"] = run_phase("flat", flat=str(flat), passages=str(n))
@@ -373,6 +377,16 @@ def run(args: argparse.Namespace) -> None:
 
 
 def render(res: dict) -> str:
+    lines: list[str] = []
+    if "serve" in res:
+        lines += _render_bm25(res)
+    if "import" in res:
+        lines += _render_dense(res)
+    lines.append(f"\ntotal {res['total_s']} s")
+    return "\n".join(lines)
+
+
+def _render_bm25(res: dict) -> list[str]:
     n, b, s = res["passages"], res["build"], res["serve"]
     lines = [
         f"BM25, {n:,} generated passages ({res['corpus']['bytes'] / 2**20:,.0f} MB jsonl, {b['pages']:,} pages), "
@@ -390,22 +404,23 @@ def render(res: dict) -> str:
             f"| {row['retrieve_p50_ms']} / {row['retrieve_p99_ms']} | {row['access_p50_ms']} / {row['access_p99_ms']} "
             f"| {row['shed']} | {row['errors']} |"
         )
-    if "import" in res:
-        i, d = res["import"], res["dense_search"]
-        lines += [
-            "",
-            f"Dense mechanics, {n:,} deterministic {DIM}-d unit vectors in Search-R1's flat format "
-            f"({res['flat']['bytes'] / 2**20:,.0f} MB), `asearch index import` at a budget, then the index memory-mapped:",
-            "",
-            "| passages | kind | import s (train / add) | import peak RSS MB | index MB | / flat | recall@10 vs flat "
-            "| load s | QPS (1 thread) | p50 / p99 ms | search RSS MB (anon + file) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
-            f"| {n:,} | {i['kind']} | {i['seconds']} ({i['train_s']} / {i['add_s']}) | {i['peak_rss_mb']} "
-            f"| {i['index_bytes'] / 2**20:,.0f} | {i['index_bytes'] / i['flat_bytes']:.3f} | {i['recall']} | {d['load_s']} "
-            f"| {d['qps']} | {d['p50_ms']} / {d['p99_ms']} | {d['rss_mb']} ({d['anon_mb']} + {d['file_mb']}) |",
-        ]
-    lines.append(f"\ntotal {res['total_s']} s")
-    return "\n".join(lines)
+    return lines
+
+
+def _render_dense(res: dict) -> list[str]:
+    n, i, d = res["passages"], res["import"], res["dense_search"]
+    return [
+        "",
+        f"Dense mechanics, {n:,} deterministic {DIM}-d unit vectors in Search-R1's flat format "
+        f"({res['flat']['bytes'] / 2**20:,.0f} MB), `asearch index import` at a budget, then the index memory-mapped:",
+        "",
+        "| passages | kind | import s (train / add) | import peak RSS MB | index MB | / flat | recall@10 vs flat "
+        "| load s | QPS (1 thread) | p50 / p99 ms | search RSS MB (anon + file) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| {n:,} | {i['kind']} | {i['seconds']} ({i['train_s']} / {i['add_s']}) | {i['peak_rss_mb']} "
+        f"| {i['index_bytes'] / 2**20:,.0f} | {i['index_bytes'] / i['flat_bytes']:.3f} | {i['recall']} | {d['load_s']} "
+        f"| {d['qps']} | {d['p50_ms']} / {d['p99_ms']} | {d['rss_mb']} ({d['anon_mb']} + {d['file_mb']}) |",
+    ]
 
 
 if __name__ == "__main__":

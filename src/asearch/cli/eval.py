@@ -278,7 +278,7 @@ def eval_command(
     try:  # beside the scores: a low score from a missing document is told from a bad agent (docs/retrieval.md)
         coverage = coverage_for_tools(records, cfg.tools)
         for line in coverage.lines() if coverage else []:
-            console.print(escape(line))
+            console.print(escape(line), soft_wrap=True)
     except Exception as e:  # noqa: BLE001  (the scores above stand whatever the coverage check hits)
         console.print(f"[dim]coverage not computed: {escape(str(e))}[/dim]")
     console.print(f"results: {summary.resumed} resumed, {summary.written} new, {summary.failed} failed")
@@ -433,4 +433,4 @@ def data_check(
     console.print(f"{len(records)} questions against {escape(report.index)} ({report.passages:,} passages, "
                   f"{method} top-{k}), {report.seconds:.1f}s")  # fmt: skip
     for line in report.lines() + report.miss_lines():
-        stdout.print(escape(line))
+        stdout.print(escape(line), soft_wrap=True)
