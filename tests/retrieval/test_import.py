@@ -145,7 +145,7 @@ def test_cli_import_with_real_embeddings_prints_recall_and_serves_dense(minilm_f
     args = [
         "import", str(minilm_flat / "e5_Flat.index"), "--corpus", str(minilm_flat / "wiki-18.jsonl"),
         "--out", str(out), "--memory-gb", "0.00095", "--kind", "opq_ivfpq", "--query-model", "default", "--query-prefix", "",
-        "--passage-prefix", "", "--queries", "wiki10k:n=50", "--train-size", "400",
+        "--passage-prefix", "", "--queries", "wiki10k:n=50", "--train-size", "400", "--rerank",
     ]  # fmt: skip
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output
@@ -154,11 +154,19 @@ def test_cli_import_with_real_embeddings_prints_recall_and_serves_dense(minilm_f
     # (flat, 600 KB, would fit too: at 400 vectors compression only costs; --kind asks for it anyway)
     assert "opq_ivfpq (nlist=8, m=48 bytes/vector)" in text and "50 questions embedded by default" in text
     recall = float(re.search(r"recall@10 against flat: ([\d.]+)", text).group(1))
-    assert 0.3 < recall <= 1.0
+    reranked = float(re.search(r"recall@10 with the top 100 re-scored from .*?: ([\d.]+)", text).group(1))
+    assert 0.3 < recall < reranked <= 1.0
     index = open_index(out)
     assert index.manifest["dense"]["index_type"] == "opq_ivfpq"
-    hit = index.retriever("dense").search(["the passage"], 3)[0]
+    assert index.config.dense.rerank_file == str(minilm_flat / "e5_Flat.index")
+    dense = index.retriever("dense")
+    hit = dense.search(["the passage"], 3)[0]
     assert len(hit) == 3 and all(h.passage.contents.startswith('"') for h in hit)
+    # re-scored from the flat file: the scores are the exact inner products of the flat index
+    flat = faiss.read_index(str(minilm_flat / "e5_Flat.index"))
+    want_scores, want_rows = flat.search(dense.encoder.queries(["the passage"]), 3)
+    assert [h.passage.id for h in hit] == [f"{r}#0" for r in want_rows[0]]
+    assert [h.score for h in hit] == pytest.approx(want_scores[0].tolist(), abs=1e-5)
     r = CliRunner().invoke(app, args)
     assert r.exit_code != 0 and "already exists" in str(r.exception)
     index.close()

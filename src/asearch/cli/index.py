@@ -190,6 +190,10 @@ def import_(
     ] = None,
     recall_queries: Annotated[int, typer.Option("--recall-queries", min=1, help="Queries for recall@10.")] = 200,
     threads: Annotated[int, typer.Option("--threads", min=1, help="faiss and torch threads.")] = 1,
+    rerank: Annotated[
+        bool, typer.Option("--rerank", help="Serve re-scoring candidates with the flat file's exact vectors (kept on disk).")
+    ] = False,
+    rerank_candidates: Annotated[int, typer.Option("--rerank-candidates", min=1, help="Candidates re-scored.")] = 100,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing index at --out.")] = False,
 ) -> None:
     """Bring a peer's flat e5 index over, compressed to --memory-gb; prints recall@10 against the flat one.
@@ -207,7 +211,7 @@ def import_(
     settings = ImportSettings(
         memory_gb=memory_gb, query_model=query_model, query_prefix=query_prefix, passage_prefix=passage_prefix,
         kind=kind, nlist=nlist, nprobe=nprobe, train_size=train_size, recall_queries=recall_queries,
-        queries=questions, threads=threads,
+        queries=questions, threads=threads, rerank=rerank, rerank_candidates=rerank_candidates,
     )  # fmt: skip
     head = read_flat_header(flat)
     console.print(
@@ -230,3 +234,8 @@ def import_(
         f"({result.index_file_bytes / max(1, result.flat_bytes):.3f}x)"
     )
     console.print(f"recall@10 against flat: {result.recall:.3f} ({escape(result.recall_on)})")
+    if result.recall_reranked is not None:
+        console.print(
+            f"recall@10 with the top {rerank_candidates} re-scored from {escape(str(flat))}: {result.recall_reranked:.3f} "
+            "(the server reads that file: keep it where it is)"
+        )

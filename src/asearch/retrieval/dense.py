@@ -55,6 +55,14 @@ class DenseConfig(Config):
     ivf_nprobe: int = Field(32, ge=1, description="IVF cells visited per query.")
     pq_m: int = Field(48, ge=1, description="PQ sub-quantizers (must divide the embedding dimension).")
     train_size: int = Field(100_000, ge=_PQ_MIN_TRAIN, description="Vectors sampled to train IVF-PQ.")
+    rerank_file: str | None = Field(
+        None,
+        description="A faiss flat index file with the exact vectors (the file `asearch index import` read): the "
+        "index's candidates are re-scored from it on disk; null = the index's own scores.",
+    )
+    rerank_candidates: int = Field(
+        100, ge=1, description="Candidates taken from the index per query when rerank_file is set."
+    )
     query_prefix: str = Field("", description="Prepended to queries (e5-style models want 'query: ').")
     passage_prefix: str = Field("", description="Prepended to passages (e5-style models want 'passage: ').")
     max_seq_length: int | None = Field(None, ge=8, description="Truncate inputs to this many tokens.")
@@ -266,6 +274,16 @@ class DenseRetriever:
             self.index.hnsw.efSearch = cfg.hnsw_ef_search
         elif facts.get("index_type") in IVF_KINDS:
             faiss.extract_index_ivf(self.index).nprobe = cfg.ivf_nprobe
+        self.exact = None  # the flat file whose rows re-score the candidates (dense.rerank_file)
+        if cfg.rerank_file:
+            from asearch.retrieval.flatfile import read_flat_header
+
+            self.exact = read_flat_header(cfg.rerank_file)
+            if (self.exact.ntotal, self.exact.dim) != (self.index.ntotal, self.index.d):
+                raise IndexError_(
+                    f"dense.rerank_file {cfg.rerank_file} holds {self.exact.ntotal} x {self.exact.dim} vectors, "
+                    f"the index {self.index.ntotal} x {self.index.d}: not the file it was imported from"
+                )
         self.index_load_seconds = time.perf_counter() - t0
         self.encoder = Encoder(cfg)
         if self.encoder.dim != self.index.d:
@@ -292,6 +310,13 @@ class DenseRetriever:
             return out
         vecs = self.encoder.queries([queries[i] for i in todo])
         k = min(topk, self.index.ntotal)
+        if self.exact is not None:
+            from asearch.retrieval.flatfile import rerank
+
+            _, candidates = self.index.search(vecs, min(max(k, self.cfg.rerank_candidates), self.index.ntotal))
+            for i, pairs in zip(todo, rerank(self.exact, vecs, candidates, k), strict=True):
+                out[i] = pairs
+            return out
         scores, rows = self.index.search(vecs, k)
         for i, srow, rrow in zip(todo, scores, rows, strict=True):
             pairs = [(int(r), float(s)) for r, s in zip(rrow, srow, strict=True) if r >= 0]

@@ -11,10 +11,8 @@ add, then one streaming pass for the exact top-k that recall is measured against
 from __future__ import annotations
 
 import math
-import os
-import struct
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,95 +25,12 @@ from asearch.corpus.sources import JsonlCorpus
 from asearch.corpus.types import Document, Page
 from asearch.errors import IndexError_
 from asearch.retrieval.dense import IVF_KINDS, DenseConfig, Encoder, compressed_index
+from asearch.retrieval.flatfile import FlatVectors, exact_topk, read_flat_header, rerank, write_flat_file
+
+__all__ = ["FlatVectors", "exact_topk", "import_flat_index", "read_flat_header", "rerank", "write_flat_file"]
 
 E5_MODEL = "intfloat/e5-base-v2"  # the query encoder of Search-R1's and ASearcher's e5_Flat.index
-# faiss write_index of an IndexFlat: fourcc, d (i32), ntotal (i64), two unused i64, is_trained (u8), metric (i32)
-_HEADER = struct.Struct("<4siqqq?i")
-_FLAT_FOURCC = {b"IxFI": "inner_product", b"IxF2": "l2", b"IxFl": "other"}
-_METRIC_INNER_PRODUCT = 0
 KINDS = ("flat", "ivfsq8", "opq_ivfpq", "ivfpq")  # best recall first; the plan takes the first that fits the budget
-
-
-@dataclass(frozen=True)
-class FlatVectors:
-    """The float32 rows of a faiss flat index file, read by block (never loaded whole)."""
-
-    path: Path
-    dim: int
-    ntotal: int
-    offset: int  # byte offset of row 0
-
-    @property
-    def nbytes(self) -> int:
-        return self.ntotal * self.dim * 4
-
-    def rows(self, start: int, stop: int) -> np.ndarray:
-        stop = min(stop, self.ntotal)
-        with open(self.path, "rb") as f:
-            f.seek(self.offset + start * self.dim * 4)
-            out = np.fromfile(f, dtype="<f4", count=max(0, stop - start) * self.dim)
-        return out.reshape(-1, self.dim)
-
-    def take(self, rows: np.ndarray) -> np.ndarray:
-        """The given rows (one positioned read each: a sample of 100k rows reads 100k x 4*dim bytes)."""
-        out = np.empty((len(rows), self.dim), dtype=np.float32)
-        size = self.dim * 4
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            for i, row in enumerate(np.asarray(rows, dtype=np.int64).tolist()):
-                out[i] = np.frombuffer(os.pread(fd, size, self.offset + row * size), dtype="<f4")
-        finally:
-            os.close(fd)
-        return out
-
-    def blocks(self, batch: int) -> Iterator[tuple[int, np.ndarray]]:
-        for start in range(0, self.ntotal, batch):
-            yield start, self.rows(start, start + batch)
-
-
-def read_flat_header(path: str | Path) -> FlatVectors:
-    """Where the vectors of a faiss IndexFlatIP file are; IndexError_ for any other kind of file."""
-    p = Path(path)
-    if not p.is_file():
-        raise IndexError_(f"{p}: no such flat index file")
-    with open(p, "rb") as f:
-        head = f.read(_HEADER.size + 12)
-    if len(head) < _HEADER.size + 8:
-        raise IndexError_(f"{p}: {len(head)} bytes, too short for a faiss index header")
-    fourcc, dim, ntotal, _, _, _, metric = _HEADER.unpack_from(head)
-    if fourcc not in _FLAT_FOURCC:
-        raise IndexError_(
-            f"{p}: a faiss index of type {fourcc!r}, not a flat one (IxFI); import takes the flat index the "
-            "peers ship (e5_Flat.index), since only its vectors can be recompressed"
-        )
-    if metric != _METRIC_INNER_PRODUCT:
-        raise IndexError_(f"{p}: flat index with faiss metric {metric}; import takes inner-product (IxFI) ones")
-    pos = _HEADER.size
-    (count,) = struct.unpack_from("<Q", head, pos)  # number of floats that follow
-    offset = pos + 8
-    size = p.stat().st_size
-    if count != dim * ntotal or size < offset + count * 4:
-        raise IndexError_(
-            f"{p}: header says {ntotal} vectors of {dim} dims ({count} floats) but the file has "
-            f"{size - offset} bytes of data: truncated or damaged"
-        )
-    return FlatVectors(p, int(dim), int(ntotal), offset)
-
-
-def write_flat_file(path: str | Path, dim: int, ntotal: int, blocks: Iterable[np.ndarray]) -> Path:
-    """Write `ntotal` vectors in faiss's IndexFlatIP file format block by block (what faiss.write_index writes)."""
-    p = Path(path)
-    written = 0
-    with open(p, "wb") as f:
-        f.write(_HEADER.pack(b"IxFI", dim, ntotal, 1 << 20, 1 << 20, True, _METRIC_INNER_PRODUCT))
-        f.write(struct.pack("<Q", ntotal * dim))
-        for block in blocks:
-            f.write(np.ascontiguousarray(block, dtype="<f4").tobytes())
-            written += len(block)
-    if written != ntotal:
-        p.unlink()
-        raise ValueError(f"write_flat_file: {written} vectors written, header says {ntotal}")
-    return p
 
 
 # --------------------------------------------------------------------------- the memory plan
@@ -205,32 +120,26 @@ def build_compressed(
     return index, {"train_seconds": round(t1 - t0, 2), "add_seconds": round(time.perf_counter() - t1, 2)}
 
 
-def exact_topk(flat: FlatVectors, queries: np.ndarray, k: int, batch: int = 65_536) -> np.ndarray:
-    """Rows of the exact top-k inner products of each query, by one streaming pass over the flat file."""
-    nq = len(queries)
-    best_s = np.full((nq, k), -np.inf, dtype=np.float32)
-    best_r = np.full((nq, k), -1, dtype=np.int64)
-    for start, block in flat.blocks(batch):
-        scores = queries @ block.T
-        rows = np.broadcast_to(np.arange(start, start + len(block)), scores.shape)
-        all_s = np.concatenate([best_s, scores], axis=1)
-        all_r = np.concatenate([best_r, rows], axis=1)
-        top = np.argpartition(-all_s, min(k, all_s.shape[1] - 1), axis=1)[:, :k]
-        best_s = np.take_along_axis(all_s, top, axis=1)
-        best_r = np.take_along_axis(all_r, top, axis=1)
-    order = np.lexsort((best_r, -best_s), axis=1)  # score descending, ties by row
-    return np.take_along_axis(best_r, order, axis=1)
-
-
 def recall_against_flat(
-    flat: FlatVectors, index: Any, queries: np.ndarray, k: int, self_rows: np.ndarray | None = None
+    flat: FlatVectors,
+    index: Any,
+    queries: np.ndarray,
+    k: int,
+    self_rows: np.ndarray | None = None,
+    rerank_candidates: int | None = None,
 ) -> float:
     """Mean share of the exact top-k (from the flat file) that `index` also returns in its top-k.
 
-    `self_rows`: queries that are stored vectors; each one's own row is dropped from both lists."""
+    `self_rows`: queries that are stored vectors; each one's own row is dropped from both lists.
+    `rerank_candidates`: the index's top that many, re-scored from the flat file (dense.rerank_file)."""
     extra = 1 if self_rows is not None else 0
     truth = exact_topk(flat, queries, k + extra)
-    _, got = index.search(np.ascontiguousarray(queries, dtype=np.float32), k + extra)
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    if rerank_candidates:
+        _, candidates = index.search(queries, max(rerank_candidates, k + extra))
+        got = np.array([[r for r, _ in pairs] for pairs in rerank(flat, queries, candidates, k + extra)])
+    else:
+        _, got = index.search(queries, k + extra)
     hits = 0
     for i in range(len(queries)):
         t, g = truth[i].tolist(), got[i].tolist()
@@ -262,6 +171,8 @@ class ImportSettings:
     queries: list[str] | None = None  # question texts, embedded with query_model; None: stored vectors
     threads: int = 1
     batch: int = 16_384
+    rerank: bool = False  # serve with the flat file's exact vectors re-scoring the candidates (dense.rerank_file)
+    rerank_candidates: int = 100
 
 
 @dataclass
@@ -270,6 +181,7 @@ class ImportResult:
     plan: CompressionPlan
     recall: float
     recall_on: str
+    recall_reranked: float | None
     flat_bytes: int
     index_file_bytes: int
     facts: dict[str, Any] = field(default_factory=dict)
@@ -334,7 +246,10 @@ def dense_importer(flat: FlatVectors, s: ImportSettings, say: Callable[[str], No
         queries, self_rows, on = _recall_queries(flat, s)
         t0 = time.perf_counter()
         recall = recall_against_flat(flat, index, queries, s.recall_k, self_rows)
-        report.update(recall=recall, recall_on=on)
+        reranked = (
+            recall_against_flat(flat, index, queries, s.recall_k, self_rows, s.rerank_candidates) if s.rerank else None
+        )
+        report.update(recall=recall, recall_on=on, recall_reranked=reranked)
         dense_dir.mkdir(parents=True, exist_ok=True)
         faiss.write_index(index, str(dense_dir / "index.faiss"))
         return {
@@ -349,6 +264,7 @@ def dense_importer(flat: FlatVectors, s: ImportSettings, say: Callable[[str], No
             "memory_budget_bytes": int(s.memory_gb * 2**30),
             "memory_estimate_bytes": plan.bytes,
             f"recall_at_{s.recall_k}_vs_flat": round(recall, 4),
+            f"recall_at_{s.recall_k}_reranked": None if reranked is None else round(reranked, 4),
             "recall_queries": on,
             "recall_seconds": round(time.perf_counter() - t0, 2),
             **timings,
@@ -390,6 +306,8 @@ def import_flat_index(
         pq_m=plan.pq_m or DenseConfig().pq_m,
         train_size=max(settings.train_size, 256),
         threads=settings.threads,
+        rerank_file=str(flat.path.absolute()) if settings.rerank else None,
+        rerank_candidates=settings.rerank_candidates,
     )
     cfg = IndexConfig(chunk=ChunkConfig(words=1_000_000), dense=dense_cfg)  # one passage per line
     path = build_index(
@@ -401,6 +319,7 @@ def import_flat_index(
         plan=plan,
         recall=report["recall"],
         recall_on=report["recall_on"],
+        recall_reranked=report["recall_reranked"],
         flat_bytes=flat.nbytes,
         index_file_bytes=(path / "dense" / "index.faiss").stat().st_size,
     )
