@@ -219,16 +219,18 @@ def layer_activation_bytes(shape: ModelShape, s: TrainerSettings) -> int:
     float32: residual x and x2, each RMSNorm's normalised y and weighted n, q/k/v after RoPE, the attention
     output and its contiguous copy, MLP gate, act(gate), up and their product. bfloat16 autocast over float32
     weights: the residual stays float32, each linear keeps its own bfloat16 cast of its input. bfloat16
-    weights: the norms' float32 upcasts and bfloat16 casts."""
+    weights: the norms' float32 upcasts and bfloat16 casts. LoRA: a frozen norm weight needs no copy of what
+    it multiplies (y, or its cast)."""
     h, q, kv, i, c = shape.hidden, shape.q_dim, shape.kv_dim, shape.intermediate, s.compute_bytes
     attention = (3 * q + 2 * kv) * c
     mlp = 4 * i * c
+    y = 0 if s.lora_r else 1  # the norms' weights train
     if s.param_bytes == 4 and c == 4:
-        norms = 2 * h * 4 + 2 * 2 * h * 4  # residuals, then y and n of both norms
+        norms = 2 * h * 4 + 2 * (1 + y) * h * 4  # residuals, then y and n of both norms
     elif s.param_bytes == 4:
-        norms = 2 * h * 4 + 2 * h * 4 + (3 + 2) * h * c  # residuals, y of both norms, one input cast per linear
+        norms = 2 * h * 4 + 2 * y * h * 4 + (3 + 2) * h * c  # residuals, y of both norms, one input cast per linear
     else:
-        norms = 2 * h * s.param_bytes + 2 * h * (4 + 2 * s.param_bytes)  # residuals, float32 upcast, cast, n
+        norms = 2 * h * s.param_bytes + 2 * h * (4 + (1 + y) * s.param_bytes)  # residuals, float32 upcast, cast, n
     return norms + attention + mlp
 
 
