@@ -166,13 +166,13 @@ def import_(
     ],
     out: Annotated[Path, typer.Option("--out", help="Index directory to create.", file_okay=False)],
     memory_gb: Annotated[
-        float, typer.Option("--memory-gb", min=0.0, help="Memory budget of the dense index; picks its compression.")
+        float, typer.Option("--memory-gb", min=0.0, help="RAM budget (GiB) of the dense index; picks its compression.")
     ],
     pages: Annotated[
         Path | None, typer.Option("--pages", help="Pages jsonl for /access (ASearcher's wiki_webpages.jsonl).")
     ] = None,
     kind: Annotated[
-        str | None, typer.Option("--kind", help="Force flat | ivfsq8 | opq_ivfpq (default: best that fits).")
+        str | None, typer.Option("--kind", help="Force flat, ivfsq8, opq_ivfpq or ivfpq (default: best that fits).")
     ] = None,
     query_model: Annotated[str, typer.Option("--query-model", help="Query encoder the index was built with.")] = (
         "intfloat/e5-base-v2"
