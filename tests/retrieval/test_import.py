@@ -107,7 +107,10 @@ def test_a_corpus_that_does_not_match_the_vectors_is_refused_and_nothing_is_left
     write_flat_file(tmp_path / "e5_Flat.index", 8, 300, [clustered(300, 8)])
     corpus = wiki18_lines(tmp_path / "wiki-18.jsonl", 299)
     settings = ImportSettings(memory_gb=1.0, query_model="default")
-    with pytest.raises(IndexError_, match="299 passages but .* 300 vectors"):
+    with pytest.raises(IndexError_, match="299 lines but .* 300 vectors"):
+        import_flat_index(tmp_path / "e5_Flat.index", corpus, tmp_path / "idx", settings)
+    corpus = wiki18_lines(tmp_path / "wiki-18.jsonl", 301)  # enough lines: refused after the passages are read
+    with pytest.raises(IndexError_, match="301 passages but .* 300 vectors"):
         import_flat_index(tmp_path / "e5_Flat.index", corpus, tmp_path / "idx", settings)
     assert not (tmp_path / "idx").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".idx")]

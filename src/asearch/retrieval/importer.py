@@ -273,6 +273,16 @@ def dense_importer(flat: FlatVectors, s: ImportSettings, say: Callable[[str], No
     return build, report
 
 
+def _count_lines(path: Path) -> int:
+    """Lines of a text file, counted by block (a last line without a newline counts)."""
+    count, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
+
+
 def import_flat_index(
     flat_path: str | Path,
     corpus_path: str | Path,
@@ -293,6 +303,12 @@ def import_flat_index(
     from asearch.retrieval.index import IndexConfig, build_index
 
     flat = read_flat_header(flat_path)
+    lines = _count_lines(Path(corpus_path))
+    if lines < flat.ntotal:  # seconds, before the BM25 build that a mismatch would waste (an hour at 21M)
+        raise IndexError_(
+            f"{corpus_path} has {lines:,} lines but {flat.path} holds {flat.ntotal:,} vectors: vector i must be line i "
+            "of the corpus file (is it the corpus the index was built from?)"
+        )
     source = _ImportedCorpus(Path(corpus_path), Path(pages_path) if pages_path else None)
     builder, report = dense_importer(flat, settings, say)
     plan: CompressionPlan = report["plan"]
