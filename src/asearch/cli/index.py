@@ -190,6 +190,7 @@ def import_(
     ] = None,
     recall_queries: Annotated[int, typer.Option("--recall-queries", min=1, help="Queries for recall@10.")] = 200,
     threads: Annotated[int, typer.Option("--threads", min=1, help="faiss and torch threads.")] = 1,
+    device: Annotated[str, typer.Option("--device", help="Where the server runs the query encoder: cpu, cuda.")] = "cpu",
     rerank: Annotated[
         bool, typer.Option("--rerank", help="Serve re-scoring candidates with the flat file's exact vectors (kept on disk).")
     ] = False,
@@ -211,7 +212,7 @@ def import_(
     settings = ImportSettings(
         memory_gb=memory_gb, query_model=query_model, query_prefix=query_prefix, passage_prefix=passage_prefix,
         kind=kind, nlist=nlist, nprobe=nprobe, train_size=train_size, recall_queries=recall_queries,
-        queries=questions, threads=threads, rerank=rerank, rerank_candidates=rerank_candidates,
+        queries=questions, threads=threads, device=device, rerank=rerank, rerank_candidates=rerank_candidates,
     )  # fmt: skip
     head = read_flat_header(flat)
     console.print(

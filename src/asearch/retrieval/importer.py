@@ -171,6 +171,7 @@ class ImportSettings:
     queries: list[str] | None = None  # question texts, embedded with query_model; None: stored vectors
     threads: int = 1
     batch: int = 16_384
+    device: str = "cpu"  # where the server runs the query encoder (cpu, cuda)
     rerank: bool = False  # serve with the flat file's exact vectors re-scoring the candidates (dense.rerank_file)
     rerank_candidates: int = 100
 
@@ -322,6 +323,7 @@ def import_flat_index(
         pq_m=plan.pq_m or DenseConfig().pq_m,
         train_size=max(settings.train_size, 256),
         threads=settings.threads,
+        device=settings.device,
         rerank_file=str(flat.path.absolute()) if settings.rerank else None,
         rerank_candidates=settings.rerank_candidates,
     )
