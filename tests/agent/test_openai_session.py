@@ -229,3 +229,31 @@ def test_workflow_config_names_an_agent(tmp_path) -> None:
         load_agent(f"{path}:not_async")
     with pytest.raises(ConfigError, match="cannot import"):
         load_agent("no_such_module_x:agent")
+
+
+def test_loopback_sessions_serve_any_http_client(tokenizer) -> None:
+    import httpx
+
+    seen = []
+
+    async def raw_http_agent(client, item) -> str:
+        """An agent with its own HTTP stack: it only reads the session's URL off the client."""
+        seen.append(str(client.base_url))
+        async with httpx.AsyncClient(timeout=30) as http:
+            r = await http.post(f"{client.base_url}chat/completions", json={"model": "x", "messages": [{"role": "user", "content": item.question}]})
+        return r.json()["choices"][0]["message"]["content"]
+
+    flow = OpenAIAgentWorkflow(raw_http_agent, tokenizer, agent_cfg(), sessions="loopback")
+    engine = Recording(ScriptedEngine.from_replies(tokenizer, ["Ada"]))
+
+    async def run():
+        try:
+            return [await flow.arun_episode(engine, ITEM) for _ in range(2)]
+        finally:
+            await flow.router.stop_loopback()
+
+    trajs = asyncio.run(run())
+    assert all(url.startswith("http://127.0.0.1:") for url in seen) and seen[0].split("/sessions/")[0] == seen[1].split("/sessions/")[0]
+    assert [t.answer for t in trajs] == ["Ada", "Ada"] and [t.reward for t in trajs] == [1.0, 1.0]
+    for traj, call in zip(trajs, engine.calls, strict=True):
+        check_token_exact(traj, [call])

@@ -5,7 +5,9 @@
         -> the call recorded token in, token out: prompt ids, the sampled ids, their log-probs and versions
 
 Each episode gets its own `EpisodeSession` and an `openai.AsyncOpenAI` pointed at its URL on a
-`SessionRouter` (an ASGI app, reached in process through httpx's ASGI transport: no socket, no port).
+`SessionRouter`: an ASGI app reached in process through httpx's ASGI transport (no socket, no port), or
+served on a loopback port (`serve_loopback`) for agents whose HTTP stack is not httpx (any client given
+`client.base_url` reaches the session).
 Every completion is recorded into the episode's `Trajectory` exactly as the engine produced it. A call whose
 prompt extends a segment recorded so far (the previous call's prompt + completion) continues it; any other
 prompt (a chat template that re-renders history differently, a rewritten context, a parallel branch) starts a
@@ -20,6 +22,7 @@ trajectory, and their infrastructure faults mask the episode as the built-in age
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import dataclasses
 import time
@@ -165,6 +168,36 @@ class SessionRouter:
     def __init__(self) -> None:
         self.sessions: dict[str, EpisodeSession] = {}
         self.app = self._build_app()
+        self.root = SESSION_HOST  # a loopback server's http://127.0.0.1:PORT once `serve_loopback` started it
+        self._loopback: tuple[Any, Any, asyncio.Task[None]] | None = None  # (event loop, uvicorn server, its task)
+
+    async def serve_loopback(self) -> str:
+        """Serve the sessions on a free loopback port in this event loop (again in a new loop); the base URL.
+        The server runs until the loop ends or `stop_loopback`."""
+        import uvicorn
+
+        from asearch.net import free_port
+
+        loop = asyncio.get_running_loop()
+        if self._loopback is not None and self._loopback[0] is loop and not self._loopback[2].done():
+            return self.root
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+        task = loop.create_task(server._serve())  # serve() minus its signal capture: Ctrl-C stays the run's
+        while not server.started:
+            if task.done():
+                task.result()  # the server failed to start: raise why
+                raise RuntimeError(f"the session server on port {port} stopped before it started")
+            await asyncio.sleep(0.01)
+        self._loopback, self.root = (loop, server, task), f"http://127.0.0.1:{port}"
+        return self.root
+
+    async def stop_loopback(self) -> None:
+        if self._loopback is not None:
+            _, server, task = self._loopback
+            server.should_exit = True
+            await task
+            self._loopback, self.root = None, SESSION_HOST
 
     def open(self, session: EpisodeSession) -> str:
         sid = uuid.uuid4().hex
@@ -175,16 +208,19 @@ class SessionRouter:
         self.sessions.pop(sid, None)
 
     def base_url(self, sid: str) -> str:
-        return f"{SESSION_HOST}/sessions/{sid}/v1"
+        return f"{self.root}/sessions/{sid}/v1"
 
     def client(self, sid: str) -> Any:
-        """An `openai.AsyncOpenAI` for session `sid`, served in process (close it with `await client.close()`)."""
+        """An `openai.AsyncOpenAI` for session `sid`, served in process or on the loopback server once it runs
+        (close it with `await client.close()`)."""
         import httpx
 
         try:
             import openai
         except ImportError as e:  # an optional dependency: only agents written against it need it
             raise ImportError("workflow kind openai_agent needs the openai client: pip install 'asearch[openai]'") from e
+        if self._loopback is not None:
+            return openai.AsyncOpenAI(base_url=self.base_url(sid), api_key="asearch-session", max_retries=0, timeout=None)
         http = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), timeout=None)
         return openai.AsyncOpenAI(base_url=self.base_url(sid), api_key="asearch-session", http_client=http, max_retries=0)
 

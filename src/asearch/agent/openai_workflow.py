@@ -55,6 +55,12 @@ class WorkflowConfig(Config):
         "'path/to/file.py:function'); `async def f(client, item) -> answer | reward | None`.",
     )
 
+    sessions: Literal["in_process", "loopback"] = Field(
+        "in_process", description="openai_agent: how the agent's client reaches its episode's session: in_process "
+        "(httpx's ASGI transport, no socket) or loopback (an HTTP server on a free 127.0.0.1 port, for agents that "
+        "talk to `client.base_url` with their own HTTP stack or framework).",
+    )
+
     @model_validator(mode="after")
     def _agent_named(self) -> WorkflowConfig:
         if self.kind == "openai_agent" and not self.agent:
@@ -96,8 +102,10 @@ class OpenAIAgentWorkflow:
         tools: Mapping[str, Tool] | ToolChooser | None = None,
         *,
         reject_finishes: Collection[FinishReason] = ("abort",),
+        sessions: Literal["in_process", "loopback"] = "in_process",
     ):
         self.agent = load_agent(agent) if isinstance(agent, str) else agent
+        self.sessions = sessions
         self.tokenizer, self.cfg, self.reward = tokenizer, cfg, reward or RewardConfig()
         self._choose_tools: ToolChooser = tools if callable(tools) else (lambda item: tools or {})
         self.reject_finishes = frozenset(reject_finishes)
@@ -129,6 +137,8 @@ class OpenAIAgentWorkflow:
         """The agent's result; its failures end the episode (finish abort, max_turns, max_tokens or error)."""
         session = EpisodeSession(engine, self.tokenizer, traj, self.cfg, seed=seed)
         remote = _remote_client(engine)
+        if remote is None and self.sessions == "loopback":
+            await self.router.serve_loopback()
         sid = None if remote is not None else self.router.open(session)
         client = remote if remote is not None else self.router.client(sid)
         token = CURRENT_TOOLS.set(EpisodeTools(tools, traj, self.cfg.tool_timeout_s))
@@ -188,5 +198,5 @@ def make_workflow(
     """The rollout workflow `cfg` names, over `tools` with the agent's limits and sampling and `reward`."""
     if cfg.kind == "openai_agent":
         assert cfg.agent is not None
-        return OpenAIAgentWorkflow(cfg.agent, tokenizer, agent, reward, tools)
+        return OpenAIAgentWorkflow(cfg.agent, tokenizer, agent, reward, tools, sessions=cfg.sessions)
     return SearchAgentWorkflow(tokenizer, tools, agent, reward)
