@@ -145,7 +145,7 @@ class OpenAIAgentWorkflow:
         t0, result = time.perf_counter(), None
         try:
             result = await self.agent(client, q)
-            traj.finish = "answer" if result is not None else "error"
+            traj.finish = "answer" if result is not None else "max_turns"  # None: it gave up, as out of turns
         except Exception as e:  # noqa: BLE001 - the agent's code, or an API error it did not handle
             traj.finish = (
                 "abort" if session.aborted else "max_turns" if session.calls_refused
