@@ -7,18 +7,23 @@ function call in the hermes format (`<tool_call>{"name": "search", ...}</tool_ca
 trajectories rendered by `CHATML_TOOLS_TEMPLATE`, and supervised training on them teaches the format RL then
 sharpens.
 
-    python examples/openai_agent/warmup.py --model runs/demo-seed0/model-sft --data runs/demo-seed0/data/train.jsonl \
-        --out runs/openai-agent-sft --episodes 2000 --sft-steps 600
-    asearch train configs/train-world-tiny.yaml model=runs/openai-agent-sft workflow.kind=openai_agent \
-        workflow.agent=examples/openai_agent/search_agent.py:agent agent.max_new_tokens=64
+    python examples/openai_agent/warmup.py --demo runs/demo-seed0 --out runs/openai-agent-sft
+    asearch train runs/demo-seed0/rl/config.yaml model=runs/openai-agent-sft engine.model=runs/openai-agent-sft \
+        out=runs/openai-agent-rl workflow.kind=openai_agent workflow.agent=examples/openai_agent/search_agent.py:agent
+
+`--demo` takes a finished (or SFT-done) `asearch demo` run: its training questions, its tokenizer and model
+shape (fresh weights), its expert's mistakes, SFT settings and episode count, so the two agents start alike
+(`compare.sh` runs both).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import re
 import sys
+from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -61,25 +66,31 @@ class ChatExpert:
 
 def expert_trajectories(
     tokenizer: Any, records: Sequence[dict[str, Any]], tools_cfg: ToolsConfig, *, seed: int = 0,
-    p_skip: float = 0.5, p_wrong: float = 0.25, concurrency: int = 32,
+    p_skip: float = 0.5, p_wrong: float = 0.25, skip_at: str = "every", concurrency: int = 32,
 ) -> list[Any]:  # fmt: skip
-    """The example agent's episodes on `records` with the expert as its model (one tool set per corpus)."""
-    plans = {r["question"]: plan_from_record(r) for r in records}
-    engine = ScriptedEngine(tokenizer, ChatExpert(WorldExpert(plans, p_skip=p_skip, p_wrong=p_wrong, seed=seed)))
-    corpora = sorted({r["metadata"].get("corpus") or tools_cfg.corpus for r in records})
-    built = {c: build_tools(tools_cfg.model_copy(update={"corpus": c, "index": None}), progress=False) for c in corpora}
-    tools_of = {c: tools for c, (tools, _) in built.items()}
+    """The example agent's episodes on `records` with the expert as its model: one expert and one tool set per
+    world (a question's text may recur in another world with another answer)."""
+    by_corpus: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
+    for i, r in enumerate(records):
+        by_corpus[r["metadata"].get("corpus") or tools_cfg.corpus].append((i, r))
     cfg = AgentConfig(max_new_tokens=4096, max_context_tokens=1_000_000, max_turns=8, temperature=1.0)
-    flow = OpenAIAgentWorkflow(agent, tokenizer, cfg, tools=lambda item: tools_of[item.metadata.get("corpus") or tools_cfg.corpus])
+    built = {c: build_tools(tools_cfg.model_copy(update={"corpus": c, "index": None}), progress=False) for c in by_corpus}
 
-    async def run() -> list[Any]:
+    async def world(k: int, corpus: str, items: list[tuple[int, dict[str, Any]]]) -> list[Any]:
+        plans = {r["question"]: plan_from_record(r) for _, r in items}
+        expert = WorldExpert(plans, p_skip=p_skip, p_wrong=p_wrong, seed=seed + 7919 * k, skip_at=skip_at)
+        engine = ScriptedEngine(tokenizer, ChatExpert(expert))
+        flow = OpenAIAgentWorkflow(agent, tokenizer, cfg, tools=built[corpus][0])
         limit = asyncio.Semaphore(concurrency)
 
         async def one(i: int, r: dict[str, Any]) -> Any:
             async with limit:
                 return await flow.arun_episode(engine, r, seed=seed * 1_000_003 + i)
 
-        return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(records))))
+        return list(await asyncio.gather(*(one(i, r) for i, r in items)))
+
+    async def run() -> list[Any]:
+        return [t for part in await asyncio.gather(*(world(k, c, items) for k, (c, items) in enumerate(sorted(by_corpus.items())))) for t in part]
 
     try:
         return [t for t in asyncio.run(run()) if t is not None]
@@ -94,38 +105,39 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     import torch
 
+    from asearch.config import load_config
+    from asearch.demo.pipeline import DemoConfig
     from asearch.models.loading import load_model, load_tokenizer
     from asearch.models.tiny import build_tiny_model, save_tiny
-    from asearch.rl.sft import SFTConfig, sft, trajectories_to_samples
+    from asearch.rl.sft import sft, trajectories_to_samples
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="a model directory: its tokenizer (and shape, with --fresh)")
-    p.add_argument("--data", required=True, help="expert questions (jsonl with metadata.evidence: a world set)")
-    p.add_argument("--out", required=True)
-    p.add_argument("--episodes", type=int, default=2000)
-    p.add_argument("--sft-steps", type=int, default=600)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--fresh", action="store_true", help="a new random model of the same shape instead of the model's weights")
+    p.add_argument("--demo", required=True, type=Path, help="an asearch demo run directory (its data/ and model-sft/)")
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--episodes", type=int, default=None, help="expert episodes (default: the demo's)")
+    p.add_argument("--sft-steps", type=int, default=None, help="SFT steps (default: the demo's)")
     args = p.parse_args(argv)
-    torch.manual_seed(args.seed)
-    tokenizer = load_tokenizer(args.model)
+    demo = load_config(DemoConfig, args.demo / "config.yaml", [])
+    torch.manual_seed(demo.seed)
+    tokenizer = load_tokenizer(args.demo / "model-sft")
     tokenizer.chat_template = CHATML_TOOLS_TEMPLATE
-    records = [json.loads(line) for line in Path(args.data).read_text().splitlines() if line.strip()][: args.episodes]
-    tools_cfg = ToolsConfig.model_validate({"search": {"topk": 2, "max_doc_chars": 400, "show_urls": False, "compact": True}, "access": None})
-    trajs = expert_trajectories(tokenizer, records, tools_cfg, seed=args.seed)
+    questions = [json.loads(line) for line in (args.demo / "data" / "train.jsonl").read_text().splitlines() if line.strip()]
+    records = list(itertools.islice(itertools.cycle(questions), args.episodes or demo.expert_episodes))
+    trajs = expert_trajectories(tokenizer, records, demo.rl.tools, seed=demo.seed, p_skip=demo.p_skip, p_wrong=demo.p_wrong, skip_at=demo.skip_at)
     reward = sum(t.reward or 0.0 for t in trajs) / max(len(trajs), 1)
     mismatches = sum(t.counters.get("prompt_mismatches", 0) for t in trajs)
-    print(f"{len(trajs)} expert episodes: mean reward {reward:.3f}, {mismatches} prompt mismatches")
-    model = load_model(args.model)
-    if args.fresh:
-        c = model.config
-        model = build_tiny_model(tokenizer, hidden=c.hidden_size, layers=c.num_hidden_layers, heads=c.num_attention_heads,
-                                 max_positions=c.max_position_embeddings, seed=args.seed)  # fmt: skip
-    # the demo's SFT: loss also on read tokens a copy could predict (docs/demo.md)
-    sft_cfg = SFTConfig(steps=args.sft_steps, seed=args.seed, token_budget=2048, context_loss_weight=1.0, context_tokens="repeated")
-    losses = sft(model, trajectories_to_samples(trajs), sft_cfg)
-    print(f"SFT {args.sft_steps} steps: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
-    save_tiny(model, tokenizer, Path(args.out))
+    samples = trajectories_to_samples(trajs)
+    mean_len = sum(len(s.token_ids) for s in samples) / max(len(samples), 1)
+    print(f"{len(trajs)} expert episodes: mean reward {reward:.3f}, {mismatches} prompt mismatches, mean {mean_len:.0f} tokens")
+    c = load_model(args.demo / "model-sft").config  # the demo's shape, fresh weights: both agents start from SFT alone
+    model = build_tiny_model(tokenizer, hidden=c.hidden_size, layers=c.num_hidden_layers, heads=c.num_attention_heads,
+                             max_positions=c.max_position_embeddings, seed=demo.seed)  # fmt: skip
+    model.set_attn_implementation(demo.attention)
+    torch.set_num_threads(demo.setup_threads)
+    sft_cfg = demo.sft.model_copy(update={"seed": demo.seed, **({"steps": args.sft_steps} if args.sft_steps else {})})
+    losses = sft(model, samples, sft_cfg)
+    print(f"SFT {sft_cfg.steps} steps: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    save_tiny(model, tokenizer, args.out)
 
 
 if __name__ == "__main__":

@@ -44,3 +44,22 @@ def test_expert_episodes_through_the_example_agent_are_exact_and_mostly_right(sa
     assert all(len(t.segments) == 1 and t.segments[0].n_generated > 0 for t in trajs)
     end = tok.convert_tokens_to_ids("<|im_end|>")  # the model is taught to end its turns
     assert all(t.segments[0].token_ids.count(end) >= t.num_turns for t in trajs)
+
+
+def test_warmup_trains_a_fresh_model_of_the_demos_shape(save_world_model, tmp_path) -> None:
+    from asearch.config import dump_config
+    from asearch.demo.pipeline import DemoConfig
+    from asearch.eval.datasets import load_dataset
+    from asearch.files import write_jsonl
+    from asearch.models.loading import load_tokenizer
+
+    warmup = _warmup()
+    demo = tmp_path / "demo"
+    save_world_model(demo / "model-sft", hidden=32, heads=2, max_positions=1024)
+    records = load_dataset("world:seed=1,entities=200,n=12")
+    write_jsonl(demo / "data" / "train.jsonl", (r.to_jsonl_dict() for r in records))
+    cfg = DemoConfig.model_validate({"expert_episodes": 16, "sft": {"steps": 2, "batch_size": 4}, "setup_threads": 1})
+    dump_config(cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"tools": cfg.rl.tools.model_copy(update={"corpus": "world:seed=1,entities=200"})})}), demo / "config.yaml")
+    warmup.main(["--demo", str(demo), "--out", str(tmp_path / "sft")])
+    tok = load_tokenizer(tmp_path / "sft")
+    assert "<tool_call>" in tok.chat_template and (tmp_path / "sft" / "config.json").exists()
