@@ -124,6 +124,20 @@ def restore_attention(model: Any) -> None:
         model.set_attn_implementation(own)
 
 
+# Dense bf16 peak FLOP/s (no sparsity) by device-name fragment, most specific first: the MFU denominator.
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12}
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """The device's dense bf16 peak (PEAK_BF16_FLOPS), or None where unknown: every CPU."""
+    import torch
+
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for queued GPU work (timings of CUDA code are meaningless without it); nothing on a CPU."""
     import torch

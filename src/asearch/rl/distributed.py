@@ -35,6 +35,7 @@ from asearch.rl.trainer import (
     PolicyTrainer,
     Sample,
     TrainerConfig,
+    enable_activation_checkpointing,
     frozen_copy,
     write_hf_dir,
 )
@@ -134,9 +135,11 @@ class DistributedPolicyTrainer(PolicyTrainer):
         if cfg.lora.enabled:
             raise ConfigError("trainer.lora with FSDP trainer ranks is not supported: train LoRA in one process (launcher none or local)")
         self.env = env or init_distributed()
+        if bf16 is None and cfg.param_dtype == "bfloat16":  # float32 shards (the master copy), gathered in bf16
+            bf16 = True
         reference = shard_model(frozen_copy(model), self.env, bf16=bf16) if cfg.loss.kl_coef > 0 else None
-        if cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable()  # before sharding, so FSDP wraps the checkpointed layers
+        if cfg.checkpointing_on(self.env.device):
+            enable_activation_checkpointing(model)  # before sharding, so FSDP wraps the checkpointed layers
         shard_model(model, self.env, bf16=bf16)
         super().__init__(model, cfg, temperature=temperature, total_steps=total_steps, reference=reference)
 
@@ -180,6 +183,9 @@ class DistributedPolicyTrainer(PolicyTrainer):
         for g in local:
             g.mul_(coef.to(g.dtype))
         return float(norm)
+
+    def _world_size(self) -> int:
+        return self.env.world_size
 
     @property
     def _comm_device(self) -> torch.device:
@@ -322,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--seq-len", type=int, default=512, help="longest sequence")
     ap.add_argument("--token-budget", type=int, default=16384)
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None, help="default: on GPU")
-    ap.add_argument("--gradient-checkpointing", action="store_true")
+    ap.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=None, help="default: on GPU")
     ap.add_argument("--out", help="write the trained model here (HF directory)")
     args = ap.parse_args(argv)
 
@@ -332,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     torch.manual_seed(0)
     model = load_model(args.model)
     tokenizer = load_tokenizer(args.model)
-    cfg = TrainerConfig(token_budget=args.token_budget, gradient_checkpointing=args.gradient_checkpointing)
+    cfg = TrainerConfig(token_budget=args.token_budget, activation_checkpointing="auto" if args.activation_checkpointing is None else args.activation_checkpointing)
     trainer = DistributedPolicyTrainer(model, cfg, env=env, bf16=args.bf16, total_steps=args.steps)
     batch = _random_samples(model.config.vocab_size, args.samples, args.seq_len, 0) if env.is_main else None
     samples = broadcast_samples(batch, env)

@@ -12,7 +12,7 @@ from pydantic import Field
 from asearch.config import Config
 from asearch.errors import TrainingDiverged
 
-__all__ = ["OptimConfig", "clip_or_raise", "lr_factor", "make_optimizer", "raise_if_diverged"]
+__all__ = ["Float32Master", "OptimConfig", "clip_or_raise", "lr_factor", "make_optimizer", "raise_if_diverged"]
 
 
 class OptimConfig(Config):
@@ -29,8 +29,44 @@ class OptimConfig(Config):
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine: final lr = lr * min_lr_ratio.")
 
 
-def make_optimizer(params: Iterable[Any], cfg: OptimConfig) -> torch.optim.AdamW:
-    return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+def make_optimizer(params: Iterable[Any], cfg: OptimConfig, *, device: torch.device | None = None) -> torch.optim.AdamW:
+    """AdamW; on a CPU or CUDA `device`, its fused kernel (one pass over each parameter instead of several
+    foreach passes: 6.5x faster on this project's 2-core CPU, docs/rl.md)."""
+    fused = {"fused": True} if device is not None and device.type in ("cpu", "cuda") else {}
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, **fused)
+
+
+class Float32Master:
+    """float32 copies of the low-precision (bfloat16) trainable parameters, for the optimiser to update: an
+    update below a bfloat16 weight's precision (lr 1e-5 on a weight of 1: 2^-8 apart) would otherwise be lost.
+    Float32 parameters are their own copies. `params`: what the optimiser gets."""
+
+    def __init__(self, params: Iterable[torch.nn.Parameter]):
+        params = list(params)
+        self.pairs = [(p, p.detach().float().requires_grad_()) for p in params if p.dtype != torch.float32]
+        copies = {id(p): m for p, m in self.pairs}
+        self.params = [copies.get(id(p), p) for p in params]
+
+    def grads_in(self) -> None:
+        """The model's gradients, in float32, onto the copies (freeing the low-precision ones)."""
+        for p, m in self.pairs:
+            m.grad = None if p.grad is None else p.grad.float()
+            p.grad = None
+
+    @torch.no_grad()
+    def weights_out(self) -> None:
+        """The updated copies, rounded, into the model."""
+        for p, m in self.pairs:
+            p.copy_(m)
+
+    def state_dict(self) -> list[torch.Tensor]:
+        return [m.detach().clone() for _, m in self.pairs]
+
+    @torch.no_grad()
+    def load_state_dict(self, copies: list[torch.Tensor]) -> None:
+        for (p, m), saved in zip(self.pairs, copies, strict=True):
+            m.copy_(saved)
+            p.copy_(saved)
 
 
 def lr_factor(cfg: OptimConfig, step: int, total_steps: int, progress: float | None = None) -> float:

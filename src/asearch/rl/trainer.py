@@ -7,19 +7,22 @@ token-budget micro-batches and take one AdamW step.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import itertools
 import os
 import random
 import shutil
+import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from asearch.metrics.offpolicy import (
     MASKED_FRAC,
@@ -30,7 +33,14 @@ from asearch.metrics.offpolicy import (
     VERSIONS_BEHIND_HIST,
     VERSIONS_BEHIND_LABELS,
 )
-from asearch.models.device import TrainingPlacement, autocast, resolve_dtype, restore_attention, use_attention
+from asearch.models.device import (
+    TrainingPlacement,
+    autocast,
+    peak_flops,
+    resolve_dtype,
+    restore_attention,
+    use_attention,
+)
 from asearch.models.lora import (
     LoraConfig,
     adapter_state_dict,
@@ -43,7 +53,7 @@ from asearch.models.lora import (
 from asearch.rl.advantages import AdvantageConfig, group_advantages
 from asearch.rl.broadcast import BroadcastsWeights
 from asearch.rl.loss import LossConfig, corrected_weights, decoupled_ppo_loss, episode_weights
-from asearch.rl.optim import OptimConfig, lr_factor, make_optimizer, raise_if_diverged
+from asearch.rl.optim import Float32Master, OptimConfig, lr_factor, make_optimizer, raise_if_diverged
 
 
 class TrainerConfig(TrainingPlacement):
@@ -59,12 +69,47 @@ class TrainerConfig(TrainingPlacement):
     prox: Literal["recompute", "loglinear"] = Field(
         "recompute", description="recompute: one extra forward per step; loglinear: interpolate by versions."
     )
-    gradient_checkpointing: bool = False
+    activation_checkpointing: bool | Literal["auto"] = Field(
+        "auto", description="Recompute each decoder layer's activations in backward instead of keeping them: "
+        "memory per token drops to about the layer inputs, for ~30% more compute. auto: on when training on CUDA.",
+    )
+    logprob_chunk: int = Field(
+        4096, ge=1, description="Tokens per chunk of the LM head: logits of this many positions at a time (never "
+        "the whole micro-batch's), float32 log-sum-exp, recomputed in backward.",
+    )
+    param_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Storage of the model's weights. bfloat16: the weights (and a KL reference) in "
+        "bfloat16, the trained ones updated through float32 copies in the optimiser (FSDP: float32 shards, "
+        "gathered in bfloat16).",
+    )
+    packing: bool = Field(
+        True, description="Micro-batches of up to token_budget tokens of the samples themselves, laid out end to "
+        "end in rows as wide as their longest with positions restarting at each sample (no padding); off: one "
+        "padded row per sample, rows x longest within token_budget.",
+    )
     lora: LoraConfig = Field(
         default_factory=LoraConfig,
         description="LoRA adapters (lora.r > 0): only they train; checkpoints hold them alone, engines get merged weights.",
     )
     seed: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_gradient_checkpointing(cls, data: Any) -> Any:
+        """`gradient_checkpointing` (before activation_checkpointing existed) still works, with a warning."""
+        if isinstance(data, dict) and "gradient_checkpointing" in data:
+            data = dict(data)
+            old = data.pop("gradient_checkpointing")
+            warnings.warn(
+                "trainer.gradient_checkpointing is deprecated: use trainer.activation_checkpointing (auto | true | false)",
+                DeprecationWarning, stacklevel=2,
+            )  # fmt: skip
+            data.setdefault("activation_checkpointing", old)
+        return data
+
+    def checkpointing_on(self, device: torch.device) -> bool:
+        """`activation_checkpointing` resolved for a model on `device`."""
+        return device.type == "cuda" if self.activation_checkpointing == "auto" else bool(self.activation_checkpointing)
 
 
 @dataclass
@@ -110,8 +155,14 @@ def weigh_episodes_equally(samples: Sequence[Sample]) -> list[Sample]:
     return [dataclasses.replace(s, advantage=s.advantage * scale[key]) for key, s in zip(keys, samples, strict=True)]
 
 
-def micro_batches(samples: Sequence[Sample], token_budget: int) -> list[list[int]]:
-    """Indices grouped so that (rows x longest) stays within the budget; similar lengths together."""
+def micro_batches(samples: Sequence[Sample], token_budget: int, *, packing: bool = False) -> list[list[int]]:
+    """Indices grouped into micro-batches of at most `token_budget` tokens; a longer sample is one alone.
+
+    Padded (`packing` off): (rows x longest) within the budget, similar lengths together. Packed: the samples'
+    own tokens within the budget, first-fit by decreasing length (`pack_rows` then lays each one out in rows).
+    """
+    if packing:
+        return _first_fit([len(s.token_ids) for s in samples], token_budget)
     order = sorted(range(len(samples)), key=lambda i: len(samples[i].token_ids))
     batches: list[list[int]] = []
     cur: list[int] = []
@@ -126,44 +177,187 @@ def micro_batches(samples: Sequence[Sample], token_budget: int) -> list[list[int
     return batches
 
 
+def _first_fit(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Indices in bins of at most `capacity` summed length, longest first, each into the first bin it fits."""
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        b = next((b for b, r in enumerate(room) if lengths[i] <= r), None)
+        if b is None:
+            bins.append([])
+            room.append(capacity)
+            b = len(bins) - 1
+        bins[b].append(i)
+        room[b] -= lengths[i]
+    return bins
+
+
+def pack_rows(lengths: Sequence[int]) -> list[list[int]]:
+    """Sample indices in rows as wide as the longest sample: attention costs (row width)^2 per row whatever
+    the mask, so a row no wider than the padded layout's keeps its cost while the padding is filled."""
+    return _first_fit(lengths, max(lengths))
+
+
+@dataclass
+class _Layout:
+    """Where a micro-batch's samples sit in the rows the decoder runs on, and which log-probs it wants."""
+
+    ids: torch.Tensor  # (rows, width)
+    attention_mask: torch.Tensor | None  # padded rows: 1 on tokens
+    position_ids: torch.Tensor | None  # packed rows: restarting at every sample (block-diagonal attention)
+    source: torch.Tensor  # (n,) flat index into (rows * width) of the hidden state predicting each target
+    targets: torch.Tensor  # (n,) the predicted tokens
+    out_index: tuple[torch.Tensor, torch.Tensor]  # (n,) sample and position of each log-prob in the output
+    shape: tuple[int, int]  # (samples, longest)
+
+
+def _layout(samples: Sequence[Sample], *, packing: bool, generated_only: bool) -> _Layout:
+    lengths = [len(s.token_ids) for s in samples]
+    rows = pack_rows(lengths) if packing else [[k] for k in range(len(samples))]
+    width = max(lengths)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    attn = torch.zeros(len(rows), width, dtype=torch.long)
+    pos = torch.zeros(len(rows), width, dtype=torch.long)
+    source: list[int] = []
+    out_rows: list[int] = []
+    out_cols: list[int] = []
+    for r, members in enumerate(rows):
+        start = 0
+        for k in members:
+            s, n = samples[k], lengths[k]
+            ids[r, start : start + n] = torch.tensor(s.token_ids)
+            attn[r, start : start + n] = 1
+            pos[r, start : start + n] = torch.arange(n)
+            wanted = [t for t in range(1, n) if s.loss_mask[t]] if generated_only else range(1, n)
+            source.extend(r * width + start + t - 1 for t in wanted)  # token t is predicted from position t - 1
+            out_rows.extend(k for _ in wanted)
+            out_cols.extend(wanted)
+            start += n
+        pos[r, start:] = torch.arange(width - start)  # the padding: a sequence of its own
+    source_t = torch.tensor(source, dtype=torch.long)
+    return _Layout(
+        ids, None if packing else attn, pos if packing else None, source_t, ids.flatten()[source_t + 1],
+        (torch.tensor(out_rows, dtype=torch.long), torch.tensor(out_cols, dtype=torch.long)), (len(samples), width),
+    )  # fmt: skip
+
+
 # Causal LMs whose logits are exactly lm_head(final hidden state): no logit scaling or soft-capping, so the
-# head may be applied to a subset of positions.
+# head may be applied to a subset of positions, a chunk at a time.
 _PLAIN_HEAD_MODELS = frozenset({"qwen2", "qwen3", "llama", "mistral"})
 
 
-def sequence_logprobs(model: Any, samples: Sequence[Sample], temperature: float, *, generated_only: bool = False) -> torch.Tensor:
-    """log pi(token_t | tokens_<t) under the sampling temperature, shape (rows, longest); 0 at position 0.
+def sequence_logprobs(
+    model: Any, samples: Sequence[Sample], temperature: float, *, generated_only: bool = False, packing: bool = False,
+    chunk: int = 4096,
+) -> torch.Tensor:  # fmt: skip
+    """log pi(token_t | tokens_<t) under the sampling temperature, shape (samples, longest); 0 at position 0.
 
-    `generated_only`: only where the loss mask is 1 (0 elsewhere). The LM head and softmax then run on the
-    generated tokens alone (a fifth of an episode's positions in the CPU demo; docs/rl.md); a sharded or
-    unlisted model still computes every position.
+    `generated_only`: only where the loss mask is 1 (0 elsewhere). `packing`: the samples run concatenated in
+    rows with positions restarting at each (`pack_rows`), not one padded row each; same values up to float
+    rounding. The LM head runs inside the model's own forward (so a sharded model's root gathers it) on the
+    wanted positions alone, `chunk` of them at a time (`chunked_target_logprobs`); a model whose logits are
+    more than the head's output (not in _PLAIN_HEAD_MODELS) computes full logits instead.
     """
     device = next(model.parameters()).device
-    longest = max(len(s.token_ids) for s in samples)
-    ids = torch.zeros(len(samples), longest, dtype=torch.long)
-    attn = torch.zeros(len(samples), longest, dtype=torch.long)
-    for r, s in enumerate(samples):
-        ids[r, : len(s.token_ids)] = torch.tensor(s.token_ids)
-        attn[r, : len(s.token_ids)] = 1
-    ids, attn = ids.to(device), attn.to(device)
-    plain = getattr(model.config, "model_type", None) in _PLAIN_HEAD_MODELS and not _is_sharded(model)
-    if generated_only and plain:
-        mask = torch.zeros(len(samples), longest, dtype=torch.bool)
-        for r, s in enumerate(samples):
-            mask[r, : len(s.loss_mask)] = torch.tensor(s.loss_mask, dtype=torch.bool)
-        sel = mask[:, 1:].to(device)  # token t is predicted from position t - 1
-        hidden = model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]
-        logits = model.get_output_embeddings()(hidden[sel]).float()
+    lay = _layout(samples, packing=packing, generated_only=generated_only)
+    source, targets = lay.source.to(device, non_blocking=True), lay.targets.to(device, non_blocking=True)
+    inputs = {"input_ids": lay.ids.to(device), "use_cache": False}
+    if lay.attention_mask is not None:
+        inputs["attention_mask"] = lay.attention_mask.to(device)
+    if lay.position_ids is not None:
+        inputs["position_ids"] = lay.position_ids.to(device)
+    head = model.get_output_embeddings()
+    if getattr(model.config, "model_type", None) in _PLAIN_HEAD_MODELS and getattr(head, "bias", None) is None:
+        with _head_replaced(model, _LogprobHead(head, source, targets, temperature, chunk)):
+            lp = model(**inputs).logits
+    else:
+        logits = model(**inputs).logits
+        logits = logits.flatten(0, 1).index_select(0, source).float()
         if temperature > 0:
             logits = logits / temperature
-        lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:][sel][:, None]).squeeze(-1)
-        lp = torch.zeros(sel.shape, dtype=lp.dtype, device=device).masked_scatter(sel, lp)
-        return torch.nn.functional.pad(lp, (1, 0))
-    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
-    if temperature > 0:
-        logits = logits / temperature
-    lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-    return torch.nn.functional.pad(lp, (1, 0))
+        lp = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+    rows, cols = (t.to(device, non_blocking=True) for t in lay.out_index)
+    return torch.zeros(lay.shape, dtype=lp.dtype, device=device).index_put((rows, cols), lp)
+
+
+class _LogprobHead(torch.nn.Module):
+    """Stands in for a causal LM's head during one forward: returns the log-probs of `targets` at `source`."""
+
+    def __init__(self, head: torch.nn.Module, source: torch.Tensor, targets: torch.Tensor, temperature: float, chunk: int):
+        super().__init__()
+        self.head = head  # a submodule, so that hooks walking the model still find it
+        self.source, self.targets, self.temperature, self.chunk = source, targets, temperature, chunk
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        selected = hidden.flatten(0, 1).index_select(0, self.source)
+        return chunked_target_logprobs(selected, self.head.weight, self.targets, self.temperature, self.chunk)
+
+
+@contextlib.contextmanager
+def _head_replaced(model: Any, replacement: _LogprobHead):
+    """`model`'s output embedding module swapped for `replacement` inside the block (found by identity, so a
+    LoRA wrapper's inner model works too)."""
+    parent, name = next(
+        (m, n) for m in model.modules() for n, child in m.named_children() if child is replacement.head
+    )
+    setattr(parent, name, replacement)
+    try:
+        yield
+    finally:
+        setattr(parent, name, replacement.head)
+
+
+def chunked_target_logprobs(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float, chunk: int
+) -> torch.Tensor:
+    """log softmax(hidden @ weight.T / temperature)[targets] per row, float32, shape (n,); no (n x vocab)
+    tensor ever lives: logits a chunk of rows at a time (in the autocast dtype if one is on), float32
+    log-sum-exp, recomputed chunk by chunk in backward."""
+    dtype = torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled(hidden.device.type) else weight.dtype
+    return _ChunkedTargetLogprobs.apply(hidden, weight, targets, temperature if temperature > 0 else 1.0, chunk, dtype)
+
+
+def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype, temperature: float) -> torch.Tensor:
+    """float32 logits / temperature of a chunk, the matmul in `dtype` (a fresh tensor: safe to change in place)."""
+    logits = (hidden.to(dtype) @ weight.to(dtype).T).float()
+    return logits.div_(temperature) if temperature != 1.0 else logits
+
+
+class _ChunkedTargetLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, chunk, dtype):  # noqa: ANN001, ANN205
+        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        lse = torch.empty_like(out)
+        with torch.autocast(hidden.device.type, enabled=False):
+            for a in range(0, hidden.shape[0], chunk):
+                z = _chunk_logits(hidden[a : a + chunk], weight, dtype, temperature)
+                picked = z.gather(-1, targets[a : a + chunk, None]).squeeze(-1)
+                top = z.amax(-1)
+                lse[a : a + chunk] = top + z.sub_(top[:, None]).exp_().sum(-1).log()  # in place: one chunk tensor
+                out[a : a + chunk] = picked - lse[a : a + chunk]
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.temperature, ctx.chunk, ctx.dtype = temperature, chunk, dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):  # noqa: ANN001, ANN205
+        hidden, weight, targets, lse = ctx.saved_tensors
+        t, dtype = ctx.temperature, ctx.dtype
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
+        w = weight.to(dtype)
+        with torch.autocast(hidden.device.type, enabled=False):
+            for a in range(0, hidden.shape[0], ctx.chunk):
+                h = hidden[a : a + ctx.chunk].to(dtype)
+                g = grad_out[a : a + ctx.chunk, None].float() / t
+                # d out / d z = onehot(target) - softmax(z), z = logits / t
+                z = _chunk_logits(h, w, dtype, t).sub_(lse[a : a + ctx.chunk, None]).exp_().mul_(-g)
+                dz = z.scatter_add_(-1, targets[a : a + ctx.chunk, None], g).to(dtype)
+                if grad_hidden is not None:
+                    grad_hidden[a : a + ctx.chunk] = dz @ w
+                if grad_weight is not None:
+                    grad_weight += (dz.T @ h).float()
+        return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None, None
 
 
 def _is_sharded(model: Any) -> bool:
@@ -251,6 +445,16 @@ class Trainer(Protocol):
 TRAINER_STATE_FILE = "trainer.pt"
 
 
+def enable_activation_checkpointing(model: Any) -> None:
+    """Each decoder layer recomputed in backward (non-reentrant: needs no input that requires grad, so frozen
+    embeddings under LoRA are fine, and FSDP's hooks stay outside the checkpointed forward)."""
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers 5's name
+        if not model.is_activation_checkpointing:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    elif not model.is_gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def frozen_copy(model: Any) -> Any:
     """A copy of `model` no optimizer sees, in eval mode: the reference policy of the KL penalty."""
     reference = copy.deepcopy(model).eval()
@@ -265,6 +469,9 @@ class PolicyTrainer(BroadcastsWeights):
     def __init__(
         self, model: Any, cfg: TrainerConfig, *, temperature: float = 1.0, total_steps: int = 1, reference: Any = None
     ):
+        bf16 = cfg.param_dtype == "bfloat16" and not _is_sharded(model)  # FSDP: its mixed-precision policy instead
+        if bf16 and any(p.dtype != torch.bfloat16 for p in model.parameters()):
+            model.to(torch.bfloat16)  # before the reference is copied: it is kept in bfloat16 too
         if reference is None and cfg.loss.kl_coef > 0 and not cfg.lora.enabled:
             reference = frozen_copy(model)
         self.reference = reference
@@ -273,11 +480,12 @@ class PolicyTrainer(BroadcastsWeights):
         self.total_steps = max(total_steps, 1)
         self.device = next(model.parameters()).device  # the caller places the model (`trainer.device`)
         self.compute_dtype = resolve_dtype(cfg.dtype, self.device)
-        if cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
-            if is_lora(model):  # frozen embeddings: checkpointed blocks need an input that requires grad
-                model.enable_input_require_grads()
-        self.optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], cfg.optim)
+        if cfg.checkpointing_on(self.device):
+            enable_activation_checkpointing(model)
+        self.master = Float32Master([p for p in model.parameters() if p.requires_grad])
+        self.optimizer = make_optimizer(self.master.params, cfg.optim, device=self.device)
+        self.peak_flops = peak_flops(self.device)  # the MFU denominator (None: unknown, no perf/mfu)
+        self.n_params = sum(p.numel() for p in model.parameters())
         self._progress: float | None = None  # the run's, when the caller says (see train_step)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.rng = random.Random(cfg.seed)
@@ -296,19 +504,24 @@ class PolicyTrainer(BroadcastsWeights):
     def _micro_batches(self, samples: Sequence[Sample], idx: list[int]) -> list[list[int]]:
         """`idx` in token-budget micro-batches (lists of sample indices; [] = a no-op stand-in)."""
         rows = [samples[i] for i in idx]
-        return [[idx[j] for j in mb] for mb in micro_batches(rows, self.cfg.token_budget)]
+        return [[idx[j] for j in mb] for mb in micro_batches(rows, self.cfg.token_budget, packing=self.cfg.packing)]
 
     def _all_sum(self, values: list[float]) -> list[float]:
         """Sums over all processes."""
         return values
 
     def _clip_grad_norm(self) -> float:
-        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip))
+        return float(torch.nn.utils.clip_grad_norm_(self.master.params, self.cfg.optim.grad_clip))
+
+    def _world_size(self) -> int:
+        """Devices the step runs on (the MFU denominator's count)."""
+        return 1
 
     def train_step(self, samples: Sequence[Sample], *, policy_version: int, progress: float | None = None) -> dict[str, float]:
         """One RL step. `progress` (0-1): how far the run is, e.g. by its time budget; the LR schedule takes
         it when it is further along than the step count."""
         cfg = self.cfg
+        started = time.perf_counter()
         self._progress = progress
         if cfg.loss.aggregation == "episode":
             samples = weigh_episodes_equally(samples)
@@ -331,9 +544,9 @@ class PolicyTrainer(BroadcastsWeights):
             with torch.no_grad(), autocast(self.device, self.compute_dtype):
                 for idx in self._micro_batches(samples, sorted(i for mb in minibatches[1:] for i in mb)):
                     use_attention(self.model, max((len(samples[i].token_ids) for i in idx), default=1), cfg)
-                    lp = sequence_logprobs(self.model, [samples[i] for i in idx] or [_NOOP], self.temperature, generated_only=True)
+                    lp = self._logprobs(self.model, [samples[i] for i in idx] or [_NOOP]).cpu()
                     for r, i in enumerate(idx):
-                        prox[i] = lp[r, : len(samples[i].token_ids)].cpu()
+                        prox[i] = lp[r, : len(samples[i].token_ids)]
 
         # -- 2. minibatch updates
         stats: dict[str, float] = {}
@@ -356,10 +569,12 @@ class PolicyTrainer(BroadcastsWeights):
                 n_stats += bool(idx)
                 if lab_counts is not None:
                     lab += lab_counts
+            self.master.grads_in()
             grad_norms.append(self._clip_grad_norm())
             # every rank has the global norm, so all raise together
             raise_if_diverged(grad_norms[-1], cfg.optim, where="trainer", step=self.step)
             self.optimizer.step()
+            self.master.weights_out()
             self.scheduler.step()
             self.step += 1
         keys = sorted(stats)
@@ -370,6 +585,7 @@ class PolicyTrainer(BroadcastsWeights):
         out["perf/lr"] = self.scheduler.get_last_lr()[0]
         out["perf/train_tokens"] = float(sum(len(s.token_ids) for s in samples))
         out["perf/train_samples"] = float(len(samples))
+        out.update(self._speed(samples, time.perf_counter() - started))
         restore_attention(self.model)  # whoever uses the model next finds it as it was given
         self.model.eval()
         return out
@@ -385,7 +601,7 @@ class PolicyTrainer(BroadcastsWeights):
         longest = max(len(s.token_ids) for s in rows)
         use_attention(self.model, longest, self.cfg)
         with autocast(self.device, self.compute_dtype):
-            logp = sequence_logprobs(self.model, rows, self.temperature, generated_only=True)
+            logp = self._logprobs(self.model, rows)
         behav = _pad([s.behav_logprobs for s in rows], longest)
         mask = _pad([s.loss_mask for s in rows], longest)
         adv = torch.tensor([s.advantage for s in rows])[:, None].expand(-1, longest)
@@ -396,7 +612,7 @@ class PolicyTrainer(BroadcastsWeights):
             logp, prox_lp.to(dev), behav.to(dev), adv.to(dev), mask.to(dev), self.cfg.loss, ref_logprobs=ref_lp
         )
         # the no-op stand-in has an all-zero mask: a zero gradient, but every collective runs
-        (loss * (mask.sum().item() / max(mb_tokens, 1))).backward()
+        (loss * (sum(s.n_generated for s in rows) / max(mb_tokens, 1))).backward()
         if not count_lab:
             return stats, None
         versions = _pad([s.versions for s in rows], longest)
@@ -408,9 +624,29 @@ class PolicyTrainer(BroadcastsWeights):
         with autocast(self.device, self.compute_dtype):
             if self.reference is None:  # LoRA: the reference is the base model, the adapters off
                 with self.model.disable_adapter():
-                    return sequence_logprobs(self.model, rows, self.temperature, generated_only=True)
+                    return self._logprobs(self.model, rows)
             use_attention(self.reference, longest, self.cfg)
-            return sequence_logprobs(self.reference, rows, self.temperature, generated_only=True)
+            return self._logprobs(self.reference, rows)
+
+    def _logprobs(self, model: Any, rows: Sequence[Sample]) -> torch.Tensor:
+        """log-probs of the generated tokens of `rows`, (rows, longest), as the config lays them out."""
+        cfg = self.cfg
+        return sequence_logprobs(
+            model, rows, self.temperature, generated_only=True, packing=cfg.packing, chunk=cfg.logprob_chunk
+        )
+
+    def _speed(self, samples: Sequence[Sample], seconds: float) -> dict[str, float]:
+        """perf/train_tokens_per_s of the step, and perf/mfu where the device's peak is known: model FLOPs
+        (6 per parameter per token, plus causal attention's 6 x layers x hidden x length^2 per sample, forward
+        and backward; recomputation and the extra log-prob passes not counted) over peak x seconds."""
+        tokens = sum(len(s.token_ids) for s in samples)
+        out = {"perf/train_tokens_per_s": tokens / max(seconds, 1e-9)}
+        if self.peak_flops:
+            config = getattr(self.model, "config", None)
+            layers, hidden = getattr(config, "num_hidden_layers", 0), getattr(config, "hidden_size", 0)
+            flops = 6 * self.n_params * tokens + 6 * layers * hidden * sum(len(s.token_ids) ** 2 for s in samples)
+            out["perf/mfu"] = flops / (seconds * self.peak_flops * self._world_size())
+        return out
 
     def _proximal(
         self, logp: torch.Tensor, behav: torch.Tensor, samples: Sequence[Sample], idx: list[int],
@@ -449,7 +685,6 @@ class PolicyTrainer(BroadcastsWeights):
             adapter=self.model, dtype=dtype,
         )
 
-
     def state_dict(self) -> dict[str, Any]:
         return {
             "model": adapter_state_dict(self.model) if is_lora(self.model) else self.model.state_dict(),
@@ -457,7 +692,7 @@ class PolicyTrainer(BroadcastsWeights):
             "scheduler": self.scheduler.state_dict(),
             "step": self.step,
             "rng": self.rng.getstate(),
-        }
+        } | ({"master": self.master.state_dict()} if self.master.pairs else {})
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if is_lora(self.model):
@@ -465,6 +700,8 @@ class PolicyTrainer(BroadcastsWeights):
         else:
             self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if "master" in state:  # bfloat16 weights: their float32 copies, so a resumed run continues exactly
+            self.master.load_state_dict(state["master"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = state["step"]
         self.rng.setstate(state["rng"])

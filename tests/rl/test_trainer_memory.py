@@ -1,0 +1,155 @@
+"""The trainer's memory and speed knobs change no result: the chunked LM head, packed micro-batches, activation
+checkpointing, bfloat16 parameters with float32 copies in the optimiser."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from asearch.models.lora import LoraConfig
+from asearch.rl.trainer import (
+    OptimConfig,
+    PolicyTrainer,
+    Sample,
+    TrainerConfig,
+    chunked_target_logprobs,
+    micro_batches,
+    pack_rows,
+    sequence_logprobs,
+)
+
+torch.set_num_threads(1)
+LENGTHS = [8, 23, 11, 30, 5, 17, 14]
+
+
+@pytest.fixture(scope="module")
+def model_and_samples(tiny_policy):
+    tok, model = tiny_policy
+    g = torch.Generator().manual_seed(1)
+    samples = []
+    for i, n in enumerate(LENGTHS):
+        ids = torch.randint(5, len(tok), (n,), generator=g).tolist()
+        mask = [0] * 3 + [1] * (n - 3)
+        behav = (-torch.rand(n, generator=g) * 3).tolist()
+        samples.append(Sample(ids, mask, behav, [0] * n, advantage=1.0 if i % 2 else -0.5))
+    return model, samples
+
+
+def _weights(samples) -> torch.Tensor:
+    """A different weight per position, so the gradient sees every log-prob."""
+    out = torch.zeros(len(samples), max(len(s.token_ids) for s in samples))
+    for r, s in enumerate(samples):
+        out[r, : len(s.token_ids)] = torch.linspace(0.5, 1.5, len(s.token_ids)) * (r + 1)
+    return out
+
+
+def test_chunked_head_equals_the_full_log_softmax():
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(10, 16, generator=g, requires_grad=True)
+    weight = torch.randn(50, 16, generator=g, requires_grad=True)
+    targets = torch.randint(0, 50, (10,), generator=g)
+    upstream = torch.randn(10, generator=g)
+    got = chunked_target_logprobs(hidden, weight, targets, 0.7, chunk=3)
+    (got * upstream).sum().backward()
+    grads = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    want = torch.log_softmax(hidden @ weight.T / 0.7, -1).gather(-1, targets[:, None]).squeeze(-1)
+    (want * upstream).sum().backward()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(grads[0], hidden.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grads[1], weight.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_chunked_head_under_bf16_autocast_matches_bf16_logits():
+    g = torch.Generator().manual_seed(0)
+    hidden, weight = torch.randn(12, 16, generator=g), torch.randn(40, 16, generator=g)
+    targets = torch.randint(0, 40, (12,), generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = chunked_target_logprobs(hidden, weight, targets, 1.0, chunk=5)
+        logits = torch.nn.functional.linear(hidden, weight)  # bf16, as the model's head under autocast
+    assert got.dtype == torch.float32
+    want = torch.log_softmax(logits.float(), -1).gather(-1, targets[:, None]).squeeze(-1)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_packed_rows_give_the_padded_log_probs_and_gradients(model_and_samples, attention):
+    model, samples = model_and_samples
+    m = copy.deepcopy(model)
+    m.set_attn_implementation(attention)
+    assert len(pack_rows([len(s.token_ids) for s in samples])) < len(samples)  # some rows hold several samples
+    out = []
+    for packing in (False, True):
+        m.zero_grad()
+        lp = sequence_logprobs(m, samples, 0.7, generated_only=True, packing=packing, chunk=16)
+        (lp * _weights(samples)).sum().backward()
+        out.append((lp.detach(), torch.cat([p.grad.flatten() for p in m.parameters()])))
+    (padded, g_padded), (packed, g_packed) = out
+    torch.testing.assert_close(packed, padded, atol=1e-5, rtol=0)
+    torch.testing.assert_close(g_packed, g_padded, atol=1e-5, rtol=1e-4)
+    assert (padded[:, :3] == 0).all() and (padded[:, 3] != 0).all()  # the prompt has none, the generated all
+
+
+def test_packed_micro_batches_hold_the_budget_and_every_sample(model_and_samples):
+    _, samples = model_and_samples
+    batches = micro_batches(samples, 40, packing=True)
+    assert sorted(i for b in batches for i in b) == list(range(len(samples)))
+    assert all(sum(len(samples[i].token_ids) for i in b) <= 40 for b in batches)
+    assert len(batches) < len(micro_batches(samples, 40))  # padding costs the padded layout micro-batches
+
+
+def _step_grads(model, samples, **keys):
+    m = copy.deepcopy(model)
+    cfg = TrainerConfig(token_budget=64, optim=OptimConfig(lr=1e-12), **keys)
+    trainer = PolicyTrainer(m, cfg)
+    stats = trainer.train_step(samples, policy_version=0)
+    return torch.cat([p.grad.flatten() for p in trainer.master.params if p.grad is not None]), stats, trainer
+
+
+def test_packing_and_checkpointing_train_as_the_padded_step(model_and_samples):
+    model, samples = model_and_samples
+    padded, stats, _ = _step_grads(model, samples, packing=False, activation_checkpointing=False)
+    packed, _, _ = _step_grads(model, samples, packing=True, activation_checkpointing=False)
+    checkpointed, _, trainer = _step_grads(model, samples, packing=True, activation_checkpointing=True, logprob_chunk=7)
+    assert trainer.model.is_activation_checkpointing
+    torch.testing.assert_close(packed, padded, atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(checkpointed, packed, atol=1e-6, rtol=1e-4)
+    assert stats["perf/train_tokens_per_s"] > 0 and "perf/mfu" not in stats  # no known peak on a CPU
+
+
+def test_checkpointing_with_lora_trains_the_adapters_alike(model_and_samples):
+    model, samples = model_and_samples
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+    plain, _, _ = _step_grads(model, samples, lora=lora, activation_checkpointing=False)
+    checkpointed, _, _ = _step_grads(model, samples, lora=lora, activation_checkpointing=True)
+    assert plain.abs().sum() > 0
+    torch.testing.assert_close(checkpointed, plain, atol=1e-6, rtol=1e-4)
+
+
+def test_gradient_checkpointing_is_a_deprecated_alias():
+    with pytest.warns(DeprecationWarning, match="activation_checkpointing"):
+        cfg = TrainerConfig.model_validate({"gradient_checkpointing": True})
+    assert cfg.activation_checkpointing is True
+    assert TrainerConfig().checkpointing_on(torch.device("cpu")) is False  # auto: CUDA only
+    assert TrainerConfig(activation_checkpointing="true").activation_checkpointing is True
+
+
+def test_bf16_parameters_train_through_float32_copies(model_and_samples):
+    model, samples = model_and_samples
+    m = copy.deepcopy(model)
+    trainer = PolicyTrainer(m, TrainerConfig(param_dtype="bfloat16", optim=OptimConfig(lr=1e-3)))
+    assert {p.dtype for p in m.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in trainer.master.params} == {torch.float32}
+    before = [p.detach().clone() for p in trainer.master.params]
+    trainer.train_step(samples, policy_version=0)
+    moved = [(p - b).abs().max().item() for p, b in zip(trainer.master.params, before, strict=True)]
+    assert max(moved) > 0
+    for p, (weight, copy_) in zip(m.parameters(), trainer.master.pairs, strict=True):
+        assert p is weight and torch.equal(p, copy_.to(torch.bfloat16))  # the model holds the rounded copies
+    state = trainer.state_dict()
+    resumed = PolicyTrainer(copy.deepcopy(model), TrainerConfig(param_dtype="bfloat16", optim=OptimConfig(lr=1e-3)))
+    resumed.load_state_dict(state)
+    for a, b in zip(resumed.master.params, trainer.master.params, strict=True):
+        assert torch.equal(a, b)  # the float32 copies come back, not the rounded weights
