@@ -206,3 +206,82 @@ async def test_llama3_style_template_round_trip(tokenizer) -> None:
     history = [*MESSAGES, r.choices[0].message, {"role": "tool", "tool_call_id": call.id, "content": "page"}]
     await client.chat.completions.create(model="tiny", messages=history, tools=TOOLS)
     assert prompts[1].startswith(prompts[0] + text + "<|im_end|>")  # the call re-rendered as written
+
+
+# Qwen2.5-Instruct's chat template (tools in the system turn, calls as <tool_call> JSON, tool results in a user
+# turn as <tool_response>), as its tokenizer_config.json ships it
+QWEN25_TEMPLATE = """{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\\n<tool_call>\\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\\n<tool_response>\\n' }}
+        {{- message.content }}
+        {{- '\\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+"""
+
+
+@sync
+async def test_qwen25_template_parallel_calls_and_tool_responses(tokenizer) -> None:
+    from copy import deepcopy
+
+    qwen = deepcopy(tokenizer)
+    qwen.chat_template = QWEN25_TEMPLATE
+    assert tool_call_format(qwen) == "hermes"
+    client, _, prompts = served(qwen, [TWO_CALLS, "Ada"])
+    r = await client.chat.completions.create(model="tiny", messages=MESSAGES, tools=TOOLS)
+    calls = r.choices[0].message.tool_calls
+    history = [*MESSAGES, r.choices[0].message, *(
+        {"role": "tool", "tool_call_id": c.id, "content": f"result {i}"} for i, c in enumerate(calls)
+    )]  # fmt: skip
+    await client.chat.completions.create(model="tiny", messages=history, tools=TOOLS)
+    assert "You are provided with function signatures" in prompts[0] and '"name": "access"' in prompts[0]
+    # a reply that only calls re-renders exactly as sampled; both results go in one user turn
+    assert prompts[1].startswith(prompts[0] + TWO_CALLS + "<|im_end|>\n<|im_start|>user\n<tool_response>\nresult 0\n"
+                                 "</tool_response>\n<tool_response>\nresult 1\n</tool_response><|im_end|>\n")  # fmt: skip
