@@ -257,3 +257,14 @@ def test_loopback_sessions_serve_any_http_client(tokenizer) -> None:
     assert [t.answer for t in trajs] == ["Ada", "Ada"] and [t.reward for t in trajs] == [1.0, 1.0]
     for traj, call in zip(trajs, engine.calls, strict=True):
         check_token_exact(traj, [call])
+
+
+def test_a_turn_discount_trains_each_completion_apart_with_its_share(tokenizer) -> None:
+    engine = Recording(ScriptedEngine.from_replies(tokenizer, ["Ada", "built", "it"]))
+    traj = asyncio.run(OpenAIAgentWorkflow(chatty_agent, tokenizer, agent_cfg(), turn_discount=0.5).arun_episode(engine, ITEM))
+    assert [s.advantage_scale for s in traj.segments] == [0.25, 0.5, 1.0] and traj.counters.get("prompt_mismatches", 0) == 0
+    check_token_exact(traj, engine.calls)
+    for seg, (prompt, resp) in zip(traj.segments, engine.calls, strict=True):
+        assert seg.token_ids == prompt + resp.output_ids  # each completion with its own prompt
+    samples, adv = groups_to_samples([[1.0, 0.0]], [[traj, traj]], flow_cfg_advantages())
+    assert [s.advantage for s in samples[:3]] == pytest.approx([float(adv[0, 0]) * f for f in (0.25, 0.5, 1.0)])

@@ -76,9 +76,10 @@ class EpisodeSession:
 
     def __init__(
         self, engine: Engine, tokenizer: Any, traj: Trajectory, cfg: AgentConfig, *, seed: int | None = None,
-        served_model_name: str = "policy",
+        served_model_name: str = "policy", split_calls: bool = False,
     ):  # fmt: skip
-        self.policy, self.traj, self.cfg, self.seed = engine, traj, cfg, seed
+        """`split_calls`: every completion its own segment (its prompt and its tokens), e.g. to weigh turns apart."""
+        self.policy, self.traj, self.cfg, self.seed, self.split_calls = engine, traj, cfg, seed, split_calls
         context = min(cfg.max_context_tokens, getattr(engine, "max_seq_len", None) or cfg.max_context_tokens)
         self.engine = _SessionEngine(tokenizer, context)
         self.model_path = self.served_model_name = served_model_name
@@ -122,9 +123,9 @@ class EpisodeSession:
         """Add one completion to the trajectory: in the segment its prompt extends, else in a new segment."""
         traj = self.traj
         k = next((i for i in reversed(range(len(traj.segments))) if _extends(prompt, traj.segments[i].token_ids)), None)
-        if k is None:
-            if traj.segments:
-                traj.count("prompt_mismatches")
+        if k is None and traj.segments:
+            traj.count("prompt_mismatches")
+        if k is None or self.split_calls:
             traj.segments.append(Segment())
             k = len(traj.segments) - 1
         segment = traj.segments[k]

@@ -61,6 +61,12 @@ class WorkflowConfig(Config):
         "talk to `client.base_url` with their own HTTP stack or framework).",
     )
 
+    turn_discount: float = Field(
+        1.0, gt=0.0, le=1.0, description="openai_agent: each completion is trained as its own segment with the "
+        "episode's advantage times turn_discount ** (completions after it); 1: no discount, and completions that "
+        "extend one another share a segment.",
+    )
+
     @model_validator(mode="after")
     def _agent_named(self) -> WorkflowConfig:
         if self.kind == "openai_agent" and not self.agent:
@@ -103,9 +109,10 @@ class OpenAIAgentWorkflow:
         *,
         reject_finishes: Collection[FinishReason] = ("abort",),
         sessions: Literal["in_process", "loopback"] = "in_process",
+        turn_discount: float = 1.0,
     ):
         self.agent = load_agent(agent) if isinstance(agent, str) else agent
-        self.sessions = sessions
+        self.sessions, self.turn_discount = sessions, turn_discount
         self.tokenizer, self.cfg, self.reward = tokenizer, cfg, reward or RewardConfig()
         self._choose_tools: ToolChooser = tools if callable(tools) else (lambda item: tools or {})
         self.reject_finishes = frozenset(reject_finishes)
@@ -135,7 +142,7 @@ class OpenAIAgentWorkflow:
 
     async def _run_agent(self, engine: Engine, q: EpisodeItem, traj: Trajectory, tools: Mapping[str, Tool], seed: int | None) -> Any:
         """The agent's result; its failures end the episode (finish abort, max_turns, max_tokens or error)."""
-        session = EpisodeSession(engine, self.tokenizer, traj, self.cfg, seed=seed)
+        session = EpisodeSession(engine, self.tokenizer, traj, self.cfg, seed=seed, split_calls=self.turn_discount < 1.0)
         remote = _remote_client(engine)
         if remote is None and self.sessions == "loopback":
             await self.router.serve_loopback()
@@ -161,6 +168,9 @@ class OpenAIAgentWorkflow:
                 self.router.close(sid)
             await client.close()
         session.finish_counters()
+        if self.turn_discount < 1.0:  # one segment per completion: the last counts fully, each earlier one less
+            for t, turn in enumerate(traj.turns):
+                traj.segments[turn.segment].advantage_scale = self.turn_discount ** (traj.num_turns - 1 - t)
         traj.wall_s = time.perf_counter() - t0
         return result
 
@@ -198,5 +208,7 @@ def make_workflow(
     """The rollout workflow `cfg` names, over `tools` with the agent's limits and sampling and `reward`."""
     if cfg.kind == "openai_agent":
         assert cfg.agent is not None
-        return OpenAIAgentWorkflow(cfg.agent, tokenizer, agent, reward, tools, sessions=cfg.sessions)
+        return OpenAIAgentWorkflow(
+            cfg.agent, tokenizer, agent, reward, tools, sessions=cfg.sessions, turn_discount=cfg.turn_discount
+        )
     return SearchAgentWorkflow(tokenizer, tools, agent, reward)

@@ -21,6 +21,7 @@ class Segment:
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)  # 0.0 where loss_mask is 0
     versions: list[int] = field(default_factory=list)  # -1 where loss_mask is 0
+    advantage_scale: float = 1.0  # the share of its episode's advantage its tokens get (a per-turn discount)
 
     def extend_context(self, ids: list[int]) -> None:
         """Append tokens the model reads but did not write (prompt, observations, wrappers)."""

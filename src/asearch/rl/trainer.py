@@ -141,7 +141,7 @@ def groups_to_samples(
             e = next(episodes)
             for seg in traj.segments:
                 if seg.n_generated:
-                    samples.append(Sample(seg.token_ids, seg.loss_mask, seg.logprobs, seg.versions, float(adv[g, i]), e))
+                    samples.append(Sample(seg.token_ids, seg.loss_mask, seg.logprobs, seg.versions, float(adv[g, i]) * seg.advantage_scale, e))
     return samples, adv
 
 
