@@ -209,7 +209,7 @@ async def test_llama3_style_template_round_trip(tokenizer) -> None:
 
 
 # Qwen2.5-Instruct's chat template (tools in the system turn, calls as <tool_call> JSON, tool results in a user
-# turn as <tool_response>), written out here from the model card (no Hub access in tests)
+# turn as <tool_response>), reproduced here (tests have no Hub access)
 QWEN25_TEMPLATE = """{%- if tools %}
     {{- '<|im_start|>system\\n' }}
     {%- if messages[0]['role'] == 'system' %}
