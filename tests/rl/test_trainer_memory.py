@@ -94,10 +94,17 @@ def test_packed_rows_give_the_padded_log_probs_and_gradients(model_and_samples, 
 
 def test_packed_micro_batches_hold_the_budget_and_every_sample(model_and_samples):
     _, samples = model_and_samples
-    batches = micro_batches(samples, 40, packing=True)
-    assert sorted(i for b in batches for i in b) == list(range(len(samples)))
-    assert all(sum(len(samples[i].token_ids) for i in b) <= 40 for b in batches)
-    assert len(batches) < len(micro_batches(samples, 40))  # padding costs the padded layout micro-batches
+
+    def cells(batches, packing):  # rows x width of each micro-batch
+        lengths = [[len(samples[i].token_ids) for i in b] for b in batches]
+        return [(len(pack_rows(n)) if packing else len(n)) * max(n) for n in lengths]
+
+    packed = micro_batches(samples, 64, packing=True)
+    assert sorted(i for b in packed for i in b) == list(range(len(samples)))
+    assert all(c <= 64 for c in cells(packed, True))
+    padded = micro_batches(samples, 64)
+    assert sum(cells(packed, True)) < sum(cells(padded, False))  # shorter samples filled padding
+    assert micro_batches(samples, 64, packing=True) == packed  # deterministic: every rank groups alike
 
 
 def _step_grads(model, samples, **keys):
@@ -153,3 +160,45 @@ def test_bf16_parameters_train_through_float32_copies(model_and_samples):
     resumed.load_state_dict(state)
     for a, b in zip(resumed.master.params, trainer.master.params, strict=True):
         assert torch.equal(a, b)  # the float32 copies come back, not the rounded weights
+
+
+_FSDP_ONE_RANK = """
+import sys, torch
+from transformers import AutoModelForCausalLM
+from asearch.rl.distributed import DistributedPolicyTrainer, init_distributed
+from asearch.rl.trainer import OptimConfig, Sample, TrainerConfig
+torch.set_num_threads(1)
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
+samples = torch.load(sys.argv[2], weights_only=False)
+cfg = TrainerConfig(token_budget=64, optim=OptimConfig(lr=1e-12), activation_checkpointing=True, logprob_chunk=7)
+trainer = DistributedPolicyTrainer(model, cfg, env=init_distributed("gloo"))
+trainer.train_step(samples, policy_version=0)
+grads = {n: p.grad.full_tensor() for n, p in trainer.model.named_parameters() if p.grad is not None}
+torch.save({"grads": grads, "checkpointing": trainer.model.is_activation_checkpointing}, sys.argv[3])
+torch.distributed.destroy_process_group()
+"""
+
+
+def test_fsdp_rank_with_checkpointing_and_the_chunked_head_equals_one_process(model_and_samples, tiny_policy, tmp_path):
+    """FSDP over one gloo process (its root gathers the head inside the swapped-in chunked head), checkpointed
+    layers and packed rows: the padded, unsharded step's gradients."""
+    import os
+    import subprocess
+    import sys
+
+    from asearch.models.tiny import save_tiny
+
+    model, samples = model_and_samples
+    save_tiny(model, tiny_policy[0], tmp_path / "model")
+    torch.save(samples, tmp_path / "samples.pt")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    args = [str(tmp_path / "model"), str(tmp_path / "samples.pt"), str(tmp_path / "out.pt")]
+    proc = subprocess.run([sys.executable, "-c", _FSDP_ONE_RANK, *args], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = torch.load(tmp_path / "out.pt", weights_only=False)
+    assert got["checkpointing"]
+    m = copy.deepcopy(model)
+    PolicyTrainer(m, TrainerConfig(token_budget=64, optim=OptimConfig(lr=1e-12), packing=False)).train_step(samples, policy_version=0)
+    for n, p in m.named_parameters():
+        torch.testing.assert_close(got["grads"][n], p.grad, atol=1e-6, rtol=1e-4, msg=n)

@@ -83,9 +83,9 @@ class TrainerConfig(TrainingPlacement):
         "gathered in bfloat16).",
     )
     packing: bool = Field(
-        True, description="Micro-batches of up to token_budget tokens of the samples themselves, laid out end to "
-        "end in rows as wide as their longest with positions restarting at each sample (no padding); off: one "
-        "padded row per sample, rows x longest within token_budget.",
+        True, description="Samples laid end to end in rows as wide as a micro-batch's longest sample, positions "
+        "restarting at each and attention block-diagonal, so shorter samples fill what would be padding (rows x "
+        "width within token_budget); off: one padded row per sample. Same log-probs up to float rounding.",
     )
     lora: LoraConfig = Field(
         default_factory=LoraConfig,
@@ -156,13 +156,13 @@ def weigh_episodes_equally(samples: Sequence[Sample]) -> list[Sample]:
 
 
 def micro_batches(samples: Sequence[Sample], token_budget: int, *, packing: bool = False) -> list[list[int]]:
-    """Indices grouped into micro-batches of at most `token_budget` tokens; a longer sample is one alone.
+    """Indices grouped into micro-batches of (rows x row width) within `token_budget`; a longer sample is one alone.
 
-    Padded (`packing` off): (rows x longest) within the budget, similar lengths together. Packed: the samples'
-    own tokens within the budget, first-fit by decreasing length (`pack_rows` then lays each one out in rows).
+    Padded (`packing` off): a row per sample, as wide as the longest, similar lengths together. Packed: rows as
+    wide as the micro-batch's longest sample, each holding as many samples end to end as fit (`pack_rows`).
     """
     if packing:
-        return _first_fit([len(s.token_ids) for s in samples], token_budget)
+        return _packed_micro_batches([len(s.token_ids) for s in samples], token_budget)
     order = sorted(range(len(samples)), key=lambda i: len(samples[i].token_ids))
     batches: list[list[int]] = []
     cur: list[int] = []
@@ -177,25 +177,44 @@ def micro_batches(samples: Sequence[Sample], token_budget: int, *, packing: bool
     return batches
 
 
-def _first_fit(lengths: Sequence[int], capacity: int) -> list[list[int]]:
-    """Indices in bins of at most `capacity` summed length, longest first, each into the first bin it fits."""
-    bins: list[list[int]] = []
-    room: list[int] = []
+def _packed_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
+    """Longest first: each sample goes into the first row of any micro-batch with room for it, else into a new
+    row of the last micro-batch while (rows x its width) stays within the budget, else opens a micro-batch
+    as wide as itself. `pack_rows` on a micro-batch's lengths gives back the same rows."""
+    batches: list[list[int]] = []
+    widths: list[int] = []
+    rooms: list[list[int]] = []  # per micro-batch, the free tokens of each row
     for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        b = next((b for b, r in enumerate(room) if lengths[i] <= r), None)
-        if b is None:
-            bins.append([])
-            room.append(capacity)
-            b = len(bins) - 1
-        bins[b].append(i)
-        room[b] -= lengths[i]
-    return bins
+        n = lengths[i]
+        b, r = next(((b, r) for b, room in enumerate(rooms) for r, free in enumerate(room) if n <= free), (None, None))
+        if b is None and batches and (len(rooms[-1]) + 1) * widths[-1] <= token_budget:
+            b, r = len(batches) - 1, len(rooms[-1])
+            rooms[-1].append(widths[-1])
+        elif b is None:
+            b, r = len(batches), 0
+            batches.append([])
+            widths.append(n)
+            rooms.append([n])
+        batches[b].append(i)
+        rooms[b][r] -= n
+    return batches
 
 
 def pack_rows(lengths: Sequence[int]) -> list[list[int]]:
-    """Sample indices in rows as wide as the longest sample: attention costs (row width)^2 per row whatever
-    the mask, so a row no wider than the padded layout's keeps its cost while the padding is filled."""
-    return _first_fit(lengths, max(lengths))
+    """Sample indices in rows as wide as the longest sample, longest first, each into the first row it fits.
+    Not wider: attention costs (row width)^2 per row whatever the mask, so a row as wide as the padded layout's
+    keeps its cost while its padding is filled."""
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        r = next((r for r, free in enumerate(room) if lengths[i] <= free), None)
+        if r is None:
+            rows.append([])
+            room.append(max(lengths))
+            r = len(rows) - 1
+        rows[r].append(i)
+        room[r] -= lengths[i]
+    return rows
 
 
 @dataclass
