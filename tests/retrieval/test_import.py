@@ -78,6 +78,9 @@ def test_the_plan_is_the_most_accurate_index_that_fits_the_budget():
     assert (p2.kind, p2.pq_m) == ("opq_ivfpq", 64) and p2.bytes <= 2 << 30
     with pytest.raises(IndexError_, match="raise --memory-gb"):
         plan_compression(n, dim, 100 << 20, 4096)
+    # 1,500 MiniLM vectors: OPQ's 384 x 384 rotation (590 KB) alone is over 500 KB, plain ivfpq fits
+    small = plan_compression(1500, 384, 500_000, 32)
+    assert (small.kind, small.pq_m) == ("ivfpq", 24) and small.bytes <= 500_000  # + 393 KB of PQ centroids
 
 
 def test_import_writes_an_index_that_answers_like_the_flat_one(tmp_path):

@@ -82,10 +82,11 @@ def plan_compression(
     candidates = [CompressionPlan("flat", 0, 0, index_bytes("flat", n, dim, 0, 0))]
     candidates.append(CompressionPlan("ivfsq8", nlist, 0, index_bytes("ivfsq8", n, dim, nlist, 0)))
     # OPQ learns a dim x dim rotation: faiss aborts the process when given fewer training vectors than dims
-    pq_kind = "opq_ivfpq" if min(n, train_size) >= dim else "ivfpq"
-    for m in pq_choices(dim):
-        candidates.append(CompressionPlan(pq_kind, nlist, m, index_bytes(pq_kind, n, dim, nlist, m)))
-    if kind == "opq_ivfpq" and pq_kind != kind:
+    opq_ok = min(n, train_size) >= dim
+    for m in pq_choices(dim):  # plain ivfpq after OPQ at each m: the rotation's 4*dim^2 bytes dominate small indexes
+        for pq_kind in ("opq_ivfpq", "ivfpq") if opq_ok else ("ivfpq",):
+            candidates.append(CompressionPlan(pq_kind, nlist, m, index_bytes(pq_kind, n, dim, nlist, m)))
+    if kind == "opq_ivfpq" and not opq_ok:
         raise IndexError_(f"opq_ivfpq needs at least {dim} training vectors (its rotation is {dim} x {dim})")
     if kind is not None:
         if kind not in KINDS:
