@@ -217,7 +217,7 @@ def import_(
     head = read_flat_header(flat)
     console.print(
         f"[bold]flat[/bold] {escape(str(flat))}: {head.ntotal:,} vectors x {head.dim} ({_mb(head.nbytes)})  "
-        f"[bold]corpus[/bold] {escape(str(corpus))}  [bold]budget[/bold] {memory_gb:g} GB"
+        f"[bold]corpus[/bold] {escape(str(corpus))}  [bold]budget[/bold] {memory_gb:g} GiB"
     )
     command = shlex.join(["asearch", "index", *sys.argv[sys.argv.index("import") :]]) if "import" in sys.argv else None
     t0 = time.perf_counter()

@@ -241,7 +241,7 @@ def dense_importer(flat: FlatVectors, s: ImportSettings, say: Callable[[str], No
                 f"the corpus gives {passages:,} passages but {flat.path} holds {flat.ntotal:,} vectors: vector i "
                 "must be line i of the corpus file (is it the corpus the index was built from?)"
             )
-        say(f"dense: {plan.label()}, ~{plan.bytes / 2**20:,.0f} MB in memory against {flat.nbytes / 2**20:,.0f} MB flat")
+        say(f"dense: {plan.label()}, ~{plan.bytes / 2**20:,.1f} MiB in memory against {flat.nbytes / 2**20:,.1f} MiB flat")
         index, timings = build_compressed(flat, plan, train_size=s.train_size, batch=s.batch)
         if plan.kind in IVF_KINDS:
             faiss.extract_index_ivf(index).nprobe = s.nprobe
