@@ -16,7 +16,7 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from asearch.agent.openai_session import call_tool
+from asearch.agent.openai_session import call_tool, episode_tools
 
 MODEL = os.environ.get("AGENT_MODEL", "policy")  # a training session answers any name; a vLLM server wants its own
 MAX_CALLS = int(os.environ.get("AGENT_MAX_CALLS", "6"))
@@ -39,8 +39,10 @@ async def run_tool(name: str, arguments: dict[str, Any]) -> str:
 async def agent(client: Any, item: Any, tools: Callable[[str, dict[str, Any]], Awaitable[str]] = run_tool) -> str | None:
     """Call tools while the model asks for them; its first reply without a call is the answer."""
     messages: list[Any] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": item.question}]
+    current = episode_tools()  # inside asearch: offer only the tools the run configured (every schema costs prompt tokens)
+    offered = [t for t in TOOLS if current is None or t["function"]["name"] in current.tools] or TOOLS
     for _ in range(MAX_CALLS):
-        reply = await client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)
+        reply = await client.chat.completions.create(model=MODEL, messages=messages, tools=offered)
         message = reply.choices[0].message
         messages.append(message)  # the assistant turn as the server returned it, calls included
         if not message.tool_calls:

@@ -245,11 +245,14 @@ def render_call_text(calls: Sequence[Mapping[str, Any]], fmt: FormatName) -> str
 
 
 # ChatML with tools in the hermes format, as Qwen2.5 renders them, for tiny models built without one (tests, the
-# CPU example): a call is re-rendered exactly as `render_call_text` writes it, so history does not change.
+# CPU example): a call is re-rendered exactly as `render_call_text` writes it, so history does not change. A
+# tool is listed in one line, `name(arg, ...): description`, not as its JSON schema, which a tiny tokenizer
+# spells nearly byte by byte (the example's expert episodes, docs/agents-openai.md: 524 -> 404 tokens).
 CHATML_TOOLS_TEMPLATE = (  # HF renders with trim_blocks: a newline right after a tag is written as {{ '\\n' }}
     "{% if tools %}<|im_start|>system{{ '\\n' }}{% if messages[0]['role'] == 'system' %}"
     "{{ messages[0]['content'] + '\\n\\n' }}{% endif %}# Tools\n<tools>{% for tool in tools %}"
-    "{{ '\\n' + (tool | tojson) }}{% endfor %}{{ '\\n' }}</tools>\n"
+    "{% set fn = tool['function'] %}{{ '\\n' + fn['name'] + '(' + (fn.get('parameters', {}).get('properties', {}) | list"
+    " | join(', ')) + '): ' + fn.get('description', '') }}{% endfor %}{{ '\\n' }}</tools>\n"
     'Call a function as <tool_call>\n{"name": <name>, "arguments": <args>}\n</tool_call><|im_end|>\n'
     "{% elif messages[0]['role'] == 'system' %}<|im_start|>system\n{{ messages[0]['content'] }}<|im_end|>\n{% endif %}"
     "{% for message in messages %}"
