@@ -58,13 +58,14 @@ def _worker(tmp: Path) -> None:
     torch.set_num_threads(1)
     from transformers import AutoModelForCausalLM
 
+    from asearch.models.loading import empty_model
     from asearch.rl.distributed import DistributedPolicyTrainer, init_distributed
 
     env = init_distributed()
     samples = [Sample(**d) for d in json.loads((tmp / "samples.json").read_text())]
 
-    def fresh() -> DistributedPolicyTrainer:
-        model = AutoModelForCausalLM.from_pretrained(tmp / "model", dtype=torch.float32)
+    def fresh() -> DistributedPolicyTrainer:  # rank 1 builds on the meta device and receives rank 0's weights
+        model = AutoModelForCausalLM.from_pretrained(tmp / "model", dtype=torch.float32) if env.is_main else empty_model(tmp / "model")
         return DistributedPolicyTrainer(model, CFG, env=env, total_steps=TOTAL_STEPS)
 
     trainer = fresh()

@@ -6,6 +6,10 @@ when it exits, and its output goes to RUN/logs/rollout-<i>.log. RUN/logs/servers
 process ids and logs. `stop()` ends every server; `asearch train` calls it at the end of the run, on an
 error and on Ctrl-C. The servers start from MODEL (labelled version 0); the trainer then pushes its
 own weights to them.
+
+On a GPU machine the servers and the trainer get disjoint GPUs: server i the i-th block of its
+tensor-parallel size (its process's CUDA_VISIBLE_DEVICES), the trainer the first GPU after them (when its
+`trainer.device` is auto). With too few GPUs for that they share, and the log says so.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from asearch.engine.inprocess import InProcessEngineConfig
 from asearch.engine.pool import RolloutServersConfig
 from asearch.engine.supervisor import ServerSupervisor, SupervisorConfig
 from asearch.launch.registry import register_launcher
-from asearch.launch.spec import Allocation, Launcher
+from asearch.launch.spec import Allocation, Launcher, server_tensor_parallel
 
 
 @register_launcher("local")
@@ -29,6 +33,9 @@ class LocalLauncher(Launcher):
 
     def __init__(self, model: str, allocation: Allocation, servers: RolloutServersConfig, **kwargs: Any):
         super().__init__(model, allocation, servers, **kwargs)
+        self.server_gpus, self.trainer_gpus = split_gpus(
+            visible_gpus(), allocation.rollout_servers, server_tensor_parallel(servers)
+        )
         made = [
             rollout_server_supervisor(
                 model,
@@ -39,11 +46,27 @@ class LocalLauncher(Launcher):
                 seed=self.seed,
                 log_path=self.log_dir / f"rollout-{i}.log",
                 cfg=self.sup_cfg,
+                gpus=self.server_gpus[i] if self.server_gpus else None,
             )
             for i in range(allocation.rollout_servers)
         ]
         self.supervisors: list[ServerSupervisor] = [sup for sup, _ in made]
         self.urls = [url for _, url in made]
+
+    def trainer(self, trainer_cfg: Any, *, temperature: float, total_steps: int) -> None:
+        """The trainer stays in this process; on a GPU machine it takes the first GPU no server has."""
+        if not self.trainer_gpus:
+            return None
+        import torch
+
+        self.log(
+            f"local launcher: GPUs {', '.join(','.join(g) for g in self.server_gpus)} for the rollout servers, "
+            f"{','.join(self.trainer_gpus)} for the trainer"
+            + ("" if set(self.trainer_gpus).isdisjoint(g for ids in self.server_gpus for g in ids) else " (shared: too few GPUs)")
+        )
+        if str(trainer_cfg.device).lower() == "auto":
+            torch.cuda.set_device(visible_gpus().index(self.trainer_gpus[0]))  # trainer.device auto -> this GPU
+        return None
 
     def start(self) -> None:
         """Launch every server at once and wait until all answer /health. On a failure, stop them all."""
@@ -94,16 +117,42 @@ def rollout_server_supervisor(
     cfg: SupervisorConfig,
     host: str = "127.0.0.1",
     cores: int | None = None,
+    gpus: list[str] | None = None,
 ) -> tuple[ServerSupervisor, str]:
     """Rollout server `i` of a run, not yet started, and its base URL: the server of engine kind
-    `servers.kind` (its `serve` hook in the engine registry). Both launchers start servers through this."""
+    `servers.kind` (its `serve` hook in the engine registry). Both launchers start servers through this.
+    `gpus`: the GPU ids its process sees (CUDA_VISIBLE_DEVICES); None: those of this process."""
     from asearch.engine.registry import engine_kind
     from asearch.errors import LaunchError
 
     serve = engine_kind(servers.kind).serve
     if serve is None:
         raise LaunchError(f"engine kind {servers.kind!r} has no server a launcher can start")
-    return serve(
+    sup, url = serve(
         model, index=i, threads=allocation.server_threads, engine=engine, served_model_name=servers.model_name,
         seed=seed, log_path=log_path, cfg=cfg, host=host, cores=cores, servers=servers,
     )  # fmt: skip
+    if gpus is not None:
+        sup.env = {**(sup.env or {}), "CUDA_VISIBLE_DEVICES": ",".join(gpus)}
+    return sup, url
+
+
+def visible_gpus() -> list[str]:
+    """The ids of the GPUs this process may use: CUDA_VISIBLE_DEVICES's, else 0..count-1 ([] without CUDA)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [g.strip() for g in visible.split(",") if g.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def split_gpus(gpus: list[str], servers: int, per_server: int) -> tuple[list[list[str]], list[str]]:
+    """(each server's GPU ids, the trainer's): server i the i-th block of `per_server`, the trainer the rest.
+    Too few for both: the servers still get their blocks (wrapping around) and the trainer the last GPU, shared.
+    No GPUs: ([], [])."""
+    if not gpus:
+        return [], []
+    blocks = [[gpus[(i * per_server + k) % len(gpus)] for k in range(per_server)] for i in range(servers)]
+    rest = gpus[servers * per_server :]
+    return blocks, rest or gpus[-1:]

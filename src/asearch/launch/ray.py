@@ -11,7 +11,10 @@ gloo on CPU, NCCL on GPU) in one process group; this process (controller and age
 every rank and rank 0 writes the weights the servers load (RUN must be on a filesystem every node sees).
 
 Before placing anything the launcher checks that the cluster has the CPUs and GPUs the allocation asks
-for: Ray would otherwise wait forever for an actor it cannot place.
+for: Ray would otherwise wait forever for an actor it cannot place. GPU reservations and addresses follow
+the cluster (a rank 1 GPU, a server its tensor-parallel size; node IPs once there are several nodes); the
+servers are spread over the nodes and the ranks packed, rank 0 on `allocation.rank0_node`, in placement
+groups; ranks across nodes shard within a node and replicate across (HSDP). docs/cluster.md has the rules.
 """
 
 from __future__ import annotations
@@ -28,9 +31,36 @@ from asearch.engine.pool import RolloutServersConfig
 from asearch.engine.supervisor import SupervisorConfig
 from asearch.errors import LaunchError
 from asearch.launch.registry import register_launcher
-from asearch.launch.spec import Allocation, Launcher
+from asearch.launch.spec import Allocation, Launcher, server_tensor_parallel
 
 # ---------------------------------------------------------------------------- actors (run on the cluster)
+
+
+def actor_placement() -> dict[str, Any]:
+    """Where Ray placed the calling actor: its node's IP, the GPU ids it reserved, the CUDA devices it sees."""
+    import ray
+
+    gpus = [str(g) for g in ray.get_gpu_ids()]
+    return {"node": ray.util.get_node_ip_address(), "gpus": gpus, "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+
+def gloo_on_node_interface() -> None:
+    """Make gloo groups of this process (and of the servers it starts) use the interface of this node's IP. Gloo
+    otherwise advertises the address its hostname resolves to, often 127.0.0.1: unreachable from other nodes
+    (seen in tests/launch/test_two_nodes.py: 'Connection refused, remote=[127.0.0.1]'). GLOO_SOCKET_IFNAME set
+    by the user (allocation.env) wins."""
+    import socket
+
+    import psutil
+    import ray
+
+    if "GLOO_SOCKET_IFNAME" in os.environ:
+        return
+    ip = ray.util.get_node_ip_address()
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == ip for a in addrs):
+            os.environ["GLOO_SOCKET_IFNAME"] = name
+            return
 
 
 class RolloutServerActor:
@@ -43,6 +73,8 @@ class RolloutServerActor:
         from asearch.launch.local import rollout_server_supervisor
 
         host = "127.0.0.1" if allocation.bind == "loopback" else ray.util.get_node_ip_address()
+        if allocation.bind == "node":
+            gloo_on_node_interface()  # the server's weight-update group (gloo on CPU) across nodes
         self.sup, self.url = rollout_server_supervisor(
             model, index, allocation, servers, engine, seed=seed, log_path=Path(log_path), cfg=cfg, host=host
         )
@@ -50,6 +82,9 @@ class RolloutServerActor:
     def start(self) -> str:
         self.sup.start()
         return self.url
+
+    def placement(self) -> dict[str, Any]:
+        return actor_placement()
 
     def status(self) -> dict[str, Any]:
         s = self.sup
@@ -78,11 +113,19 @@ class TrainerRankActor:
         self.store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False)
         return host, self.store.port
 
-    def setup(self, master: tuple[str, int], model: str, trainer_cfg: Any, temperature: float, total_steps: int) -> int:
+    def placement(self) -> dict[str, Any]:
+        return actor_placement()
+
+    def setup(
+        self, master: tuple[str, int], model: str, trainer_cfg: Any, temperature: float, total_steps: int,
+        mesh_shape: tuple[int, ...] | None = None,
+    ) -> int:  # fmt: skip
+        """Join the group and build the trainer: rank 0 loads `model`, the others build it on the meta device and
+        receive rank 0's weights while sharding (no full copy on them). `mesh_shape`: (replicate, shard) for HSDP."""
         import torch
         import torch.distributed as dist
 
-        from asearch.models.loading import load_model
+        from asearch.models.loading import empty_model, load_model
         from asearch.rl.distributed import DistributedPolicyTrainer, init_distributed
 
         # Ray gives each GPU actor its own CUDA_VISIBLE_DEVICES, so every rank's GPU is cuda:0.
@@ -91,10 +134,14 @@ class TrainerRankActor:
         torch.manual_seed(0)  # the trainer's own seeded rng decides minibatches; this covers dropout etc.
         if self.rank != 0:  # a client of rank 0's store (env:// would prefix its keys differently)
             self.store = dist.TCPStore(master[0], master[1], is_master=False)
-        env = init_distributed(store=self.store)
+        backend = "gloo" if str(getattr(trainer_cfg, "device", "auto")).lower() == "cpu" else None
+        if master[0] != "127.0.0.1":
+            gloo_on_node_interface()  # the ranks' group, when gloo, reaches the other nodes
+        env = init_distributed(backend, store=self.store)
         self.trainer = DistributedPolicyTrainer(
-            load_model(model), trainer_cfg, env=env, temperature=temperature, total_steps=total_steps
-        )
+            load_model(model) if self.rank == 0 else empty_model(model), trainer_cfg, env=env,
+            temperature=temperature, total_steps=total_steps, mesh_shape=mesh_shape,
+        )  # fmt: skip
         return sum(p.numel() for p in self.trainer.model.parameters()) if self.rank == 0 else 0
 
     def train_step(self, samples: list[Any], policy_version: int, progress: float | None = None) -> dict[str, float]:
@@ -203,12 +250,11 @@ class RayTrainerGroup:
     def join_weight_group(self, address: Any, timeout_s: float = 600.0) -> None:
         self._all("weight_call", "join_weight_group", address, timeout_s)
 
-    def broadcast_weights(self, dtype: str = "bfloat16") -> int:
-        return self._all("weight_call", "broadcast_weights", dtype)[0]
+    def broadcast_weights_or_leave(self, dtype: str = "bfloat16") -> int:
+        return self._all("weight_call", "broadcast_weights_or_leave", dtype)[0]
 
     def leave_weight_group(self) -> None:
         self._all("weight_call", "leave_weight_group")
-
 
     def state_dict(self) -> dict[str, Any]:
         return self._all("state_dict")[0]
@@ -227,8 +273,9 @@ class RayTrainerGroup:
 
 @register_launcher("ray")
 class RayLauncher(Launcher):
-    """Places the allocation on a Ray cluster: `start()` the servers (`urls`, `supervisors` for the pool),
-    `trainer()` the FSDP ranks, `stop()` everything (idempotent; `asearch train` calls it on every exit)."""
+    """Places the allocation on a Ray cluster: `connect()` joins it and reserves every actor's place (placement
+    groups), `start()` the servers (`urls`, `supervisors` for the pool), `trainer()` the FSDP ranks, `stop()`
+    everything (idempotent; `asearch train` calls it on every exit)."""
 
     places_trainer = True
 
@@ -236,12 +283,20 @@ class RayLauncher(Launcher):
         super().__init__(model, allocation, servers, **kwargs)
         self._servers: list[Any] = []  # server actors, started or not: stop() stops each one's process
         self._actors: list[Any] = []
+        self._groups: list[Any] = []  # placement groups: [servers', ranks'] once placed
         self._connected_here = self._checked = False
+        self.bind: str = "loopback"
+        self.runtime_env: dict[str, Any] = {}
+        self.rank_bundles: list[int] = []  # the placement-group bundle of each trainer rank
+        self.mesh_shape: tuple[int, int] | None = None  # (replicate, shard) for HSDP; None: 1-D
+        self.nodes: dict[str, str] = {}  # alive node id -> its IP
+        self.head: str | None = None  # the head node's IP
 
     # ---- the cluster
 
     def connect(self) -> None:
-        """Join the cluster and check that the whole allocation fits in its free resources (once)."""
+        """Join the cluster, size every reservation from its hardware, check that the allocation fits in its free
+        resources and reserve them (once)."""
         import ray
 
         if self._checked:
@@ -256,11 +311,45 @@ class RayLauncher(Launcher):
                     "--num-cpus N` (RAY_AUTH_MODE=disabled on a private network), or set allocation.ray_address."
                 ) from None
             self._connected_here = True
+        self._size_from_cluster()
+        self._check_free()
+        self._place()
+        self._checked = True
+
+    def _size_from_cluster(self) -> None:
+        """GPU reservations, bind and the actors' environment, from what the cluster reports."""
+        import ray
+
         a = self.allocation
-        server_cpus, rank_cpus = a.cpus(self.trainer_threads)
+        alive = [n for n in ray.nodes() if n.get("Alive")]
+        self.nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in alive}
+        self.head = next((n["NodeManagerAddress"] for n in alive if HEAD_RESOURCE in n.get("Resources", {})), None)
+        cluster_gpus = float(ray.cluster_resources().get("GPU", 0.0))
+        self.server_cpus, self.rank_cpus = a.cpus(self.trainer_threads)
+        self.server_gpus, self.rank_gpus = a.gpus(cluster_gpus, server_tensor_parallel(self.servers))
+        for key in ("server_gpus", "rank_gpus"):
+            if getattr(a, key) == 0 and cluster_gpus > 0:
+                self.log(f"ray launcher: allocation.{key}=0 on a cluster with {cluster_gpus:g} GPUs: those actors see no GPU")
+        self.bind = a.resolved_bind(len(alive))
+        self.runtime_env = {"env_vars": a.actor_env(os.environ)}
+        self.log(
+            f"ray launcher: {len(alive)} node(s) ({', '.join(self._node_names())}), {cluster_gpus:g} GPU(s); "
+            f"bind {self.bind}; each server {self.server_cpus:g} CPU/{self.server_gpus:g} GPU, each trainer rank "
+            f"{self.rank_cpus:g} CPU/{self.rank_gpus:g} GPU; forwarded to actors: "
+            f"{', '.join(sorted(self.runtime_env['env_vars'])) or 'nothing'}"
+        )
+
+    def _node_names(self) -> list[str]:
+        return [ip + (" head" if ip == self.head else "") for ip in self.nodes.values()]
+
+    def _check_free(self) -> None:
+        """Ray would wait forever for an actor it cannot place: refuse an allocation larger than the free resources."""
+        import ray
+
+        a = self.allocation
         need = {
-            "CPU": a.rollout_servers * server_cpus + a.trainer_ranks * rank_cpus,
-            "GPU": a.rollout_servers * a.server_gpus + a.trainer_ranks * a.rank_gpus,
+            "CPU": a.rollout_servers * self.server_cpus + a.trainer_ranks * self.rank_cpus,
+            "GPU": a.rollout_servers * self.server_gpus + a.trainer_ranks * self.rank_gpus,
         }
         free = ray.available_resources()
         short = {k: (v, free.get(k, 0.0)) for k, v in need.items() if v > free.get(k, 0.0) + 1e-9}
@@ -268,8 +357,8 @@ class RayLauncher(Launcher):
             raise LaunchError(
                 "launcher=ray: the allocation needs "
                 + ", ".join(f"{v:g} {k} (the cluster has {have:g} free)" for k, (v, have) in short.items())
-                + f" for {a.rollout_servers} server(s) x {server_cpus:g} CPU/{a.server_gpus:g} GPU and "
-                f"{a.trainer_ranks} trainer rank(s) x {rank_cpus:g} CPU/{a.rank_gpus:g} GPU; Ray would wait "
+                + f" for {a.rollout_servers} server(s) x {self.server_cpus:g} CPU/{self.server_gpus:g} GPU and "
+                f"{a.trainer_ranks} trainer rank(s) x {self.rank_cpus:g} CPU/{self.rank_gpus:g} GPU; Ray would wait "
                 "forever. Lower allocation.* (server_cpus, rank_cpus accept fractions) or add nodes."
             )
         self.log(
@@ -277,7 +366,57 @@ class RayLauncher(Launcher):
             f"trainer rank(s) ({need['CPU']:g} CPUs, {need['GPU']:g} GPUs of the cluster's "
             f"{free.get('CPU', 0):g}/{free.get('GPU', 0):g} free); logs in {self.log_dir}"
         )
-        self._checked = True
+
+    def _place(self) -> None:
+        """Reserve every actor's bundle, servers first so that they spread over the nodes (SPREAD), then the
+        trainer ranks packed onto as few nodes as hold them (PACK), rank 0's bundle on `allocation.rank0_node`."""
+        from ray.util.placement_group import placement_group_table
+
+        a = self.allocation
+        self._reserve("rollout servers", [bundle(self.server_cpus, self.server_gpus)] * a.rollout_servers, "SPREAD")
+        ranks = [bundle(self.rank_cpus, self.rank_gpus) for _ in range(a.trainer_ranks)]
+        ranks[0][self._rank0_resource()] = 0.001
+        on_node = placement_group_table(self._reserve("trainer ranks", ranks, "PACK"))["bundles_to_node_id"]
+        self.rank_bundles, self.mesh_shape = rank_layout([on_node[b] for b in range(a.trainer_ranks)], a.fsdp_mesh)
+        mesh = "1-D (shard)" if self.mesh_shape is None else "2-D HSDP: replicate {} x shard {}".format(*self.mesh_shape)
+        self.log(f"ray launcher: trainer ranks on {len(set(on_node.values()))} node(s), FSDP mesh {mesh}")
+
+    def _rank0_resource(self) -> str:
+        """The Ray resource that pins a bundle to `allocation.rank0_node` (every node has one of its own)."""
+        where = self.allocation.rank0_node
+        if where == "head":
+            return HEAD_RESOURCE
+        if where not in self.nodes.values():
+            raise LaunchError(f"allocation.rank0_node={where!r}: no alive node has that address (nodes: {', '.join(self._node_names())})")
+        return f"node:{where}"
+
+    def _reserve(self, what: str, bundles: list[dict[str, float]], strategy: str) -> Any:
+        """A ready placement group of `bundles`; one Ray cannot place in PLACEMENT_TIMEOUT_S is a LaunchError."""
+        import ray
+        from ray.exceptions import GetTimeoutError
+        from ray.util.placement_group import placement_group
+
+        group = placement_group(bundles, strategy=strategy)
+        self._groups.append(group)
+        try:
+            ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
+        except GetTimeoutError:
+            raise LaunchError(
+                f"launcher=ray: Ray could not place the {what} ({len(bundles)} x {bundles[-1]}, {strategy}) in "
+                f"{PLACEMENT_TIMEOUT_S:g} s: each one must fit on a single node (nodes: {', '.join(self._node_names())})"
+            ) from None
+        return group
+
+    def _options(self, group: Any, index: int, cpus: float, gpus: float) -> dict[str, Any]:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        where = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
+        return {"num_cpus": cpus, "num_gpus": gpus, "runtime_env": self.runtime_env, "scheduling_strategy": where}
+
+    def _log_placement(self, what: str, placement: dict[str, Any], where: str) -> None:
+        node = placement["node"] + (" (head)" if placement["node"] == self.head else "")
+        gpus = ",".join(placement["gpus"]) or "none"
+        self.log(f"ray launcher: {what} on node {node}, GPUs {gpus} (CUDA_VISIBLE_DEVICES={placement['cuda_visible']})" + (f", {where}" if where else ""))
 
     # ---- rollout servers
 
@@ -287,20 +426,22 @@ class RayLauncher(Launcher):
 
         self.connect()
         a = self.allocation
-        server_cpus, _ = a.cpus(self.trainer_threads)
-        actor_cls = ray.remote(RolloutServerActor).options(num_cpus=server_cpus, num_gpus=a.server_gpus)
+        placed = a.model_copy(update={"bind": self.bind})
+        server_cls = ray.remote(RolloutServerActor)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
             actors = []
             for i in range(a.rollout_servers):
                 log_path = self.log_dir / f"rollout-{i}.log"
-                actor = actor_cls.remote(
-                    self.model, i, a, self.servers, self.engine.options, self.seed, str(log_path), self.sup_cfg
+                actor = server_cls.options(**self._options(self._groups[0], i, self.server_cpus, self.server_gpus)).remote(
+                    self.model, i, placed, self.servers, self.engine.options, self.seed, str(log_path), self.sup_cfg
                 )
                 actors.append((actor, log_path))
                 self._servers.append(actor)
                 self._actors.append(actor)
             self.urls = ray.get([actor.start.remote() for actor, _ in actors])
+            for i, ((actor, _), url) in enumerate(zip(actors, self.urls, strict=True)):
+                self._log_placement(f"rollout server {i}", ray.get(actor.placement.remote()), f"serving {url}")
             self.supervisors = [
                 RemoteSupervisor(actor, f"rollout-{i}", log_path) for i, (actor, log_path) in enumerate(actors)
             ]
@@ -314,26 +455,32 @@ class RayLauncher(Launcher):
     # ---- trainer ranks
 
     def trainer(self, trainer_cfg: Any, *, temperature: float, total_steps: int) -> RayTrainerGroup:
-        """The FSDP trainer on `allocation.trainer_ranks` actors, each loading `model`."""
+        """The FSDP trainer on `allocation.trainer_ranks` actors in their placement group: rank 0 loads `model`, the
+        others receive its weights."""
         import ray
 
         self.connect()
-        a = self.allocation
-        _, rank_cpus = a.cpus(self.trainer_threads)
-        actor_cls = ray.remote(TrainerRankActor).options(num_cpus=rank_cpus, num_gpus=a.rank_gpus)
-        ranks = [actor_cls.remote(r, a.trainer_ranks, self.trainer_threads) for r in range(a.trainer_ranks)]
+        n = self.allocation.trainer_ranks
+        rank_cls = ray.remote(TrainerRankActor)
+        ranks = [
+            rank_cls.options(**self._options(self._groups[1], b, self.rank_cpus, self.rank_gpus)).remote(r, n, self.trainer_threads)
+            for r, b in enumerate(self.rank_bundles)
+        ]  # fmt: skip
         self._actors += ranks
         t0 = time.perf_counter()
-        master = ray.get(ranks[0].address.remote(a.bind))
-        params = ray.get([r.setup.remote(master, self.model, trainer_cfg, temperature, total_steps) for r in ranks])
-        self.log(f"ray launcher: {a.trainer_ranks} trainer rank(s) ready in {time.perf_counter() - t0:.1f}s "
+        master = ray.get(ranks[0].address.remote(self.bind))
+        for r, placement in enumerate(ray.get([rank.placement.remote() for rank in ranks])):
+            self._log_placement(f"trainer rank {r}", placement, f"process group store at {master[0]}:{master[1]}" if r == 0 else "")
+        setup = [r.setup.remote(master, self.model, trainer_cfg, temperature, total_steps, self.mesh_shape) for r in ranks]
+        params = ray.get(setup)
+        self.log(f"ray launcher: {n} trainer rank(s) ready in {time.perf_counter() - t0:.1f}s "
                  f"(process group at {master[0]}:{master[1]})")  # fmt: skip
         return RayTrainerGroup(ranks, params[0])
 
     # ---- the end
 
     def stop(self) -> None:
-        """Stop every server process, then end every actor. Idempotent."""
+        """Stop every server process, end every actor, release the placement groups. Idempotent."""
         import ray
 
         if not ray.is_initialized():
@@ -345,8 +492,38 @@ class RayLauncher(Launcher):
             ray.wait(stopping, num_returns=len(stopping), timeout=60)
             for actor in self._actors:
                 ray.kill(actor)
+            for group in self._groups:
+                ray.util.remove_placement_group(group)
         finally:  # a driver still connected when its cluster goes away is ended by Ray (exit 1, output unflushed)
-            self._servers, self._actors, self.supervisors = [], [], []
+            self._servers, self._actors, self.supervisors, self._groups = [], [], [], []
             if self._connected_here:
                 ray.shutdown()
                 self._connected_here = self._checked = False
+
+
+# ---------------------------------------------------------------------------- placement (pure: unit-tested)
+
+HEAD_RESOURCE = "node:__internal_head__"  # the resource only Ray's head node has
+PLACEMENT_TIMEOUT_S = 120.0  # a just-killed actor hands its resources back asynchronously: allow for it
+
+
+def bundle(cpus: float, gpus: float) -> dict[str, float]:
+    """One actor's placement-group bundle (no GPU key when it reserves none: Ray refuses a zero amount)."""
+    return {"CPU": cpus} | ({"GPU": gpus} if gpus > 0 else {})
+
+
+def rank_layout(bundle_nodes: Sequence[str], mesh: str) -> tuple[list[int], tuple[int, int] | None]:
+    """(the bundle of each trainer rank, the HSDP mesh shape or None for a 1-D mesh), given the node each bundle
+    of the ranks' placement group landed on. Rank 0 is bundle 0 (on the chosen node); the ranks of one node are
+    consecutive, rank 0's node first, as a (replicate, shard) mesh needs: its rows are the nodes. `mesh` auto is
+    hybrid when the ranks span more than one node and every node holds as many."""
+    by_node: dict[str, list[int]] = {}
+    for b, node in enumerate(bundle_nodes):
+        by_node.setdefault(node, []).append(b)
+    order = [b for bundles in by_node.values() for b in bundles]
+    even = len({len(bundles) for bundles in by_node.values()}) == 1
+    if mesh == "hybrid" and not even:
+        counts = ", ".join(str(len(bundles)) for bundles in by_node.values())
+        raise LaunchError(f"allocation.fsdp_mesh=hybrid needs as many trainer ranks on every node; Ray placed {counts}")
+    hybrid = mesh == "hybrid" or (mesh == "auto" and len(by_node) > 1 and even)
+    return order, (len(by_node), len(bundle_nodes) // len(by_node)) if hybrid else None

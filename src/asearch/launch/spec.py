@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -38,12 +38,35 @@ class Allocation(Config):
     rank_cpus: float | None = Field(
         None, gt=0, description="launcher=ray: CPUs each trainer rank reserves (default: the run's threads)."
     )
-    server_gpus: float = Field(0, ge=0, description="launcher=ray: GPUs each rollout server reserves (its tp).")
-    rank_gpus: float = Field(0, ge=0, description="launcher=ray: GPUs each trainer rank reserves (1 on GPU).")
-    bind: Literal["loopback", "node"] = Field(
-        "loopback",
-        description="launcher=ray: servers listen on 127.0.0.1 (one machine) or on their node's IP (a "
-        "cluster: the trainer reaches them across nodes; keep the cluster network private).",
+    server_gpus: float | None = Field(
+        None, ge=0, description="launcher=ray: GPUs each rollout server reserves; None: its tensor-parallel size "
+        "when the cluster has GPUs, else 0 (an explicit 0 on a GPU cluster is allowed and logged).",
+    )
+    rank_gpus: float | None = Field(
+        None, ge=0, description="launcher=ray: GPUs each trainer rank reserves; None: 1 when the cluster has "
+        "GPUs, else 0 (an explicit 0 on a GPU cluster is allowed and logged).",
+    )
+    bind: Literal["auto", "loopback", "node"] = Field(
+        "auto",
+        description="launcher=ray: where servers and rank 0's rendezvous store listen and what they advertise: "
+        "loopback (127.0.0.1: one machine), node (the node's IP: the trainer reaches them across nodes; keep the "
+        "cluster network private), auto (node once the cluster has more than one alive node, else loopback).",
+    )
+    rank0_node: str = Field(
+        "head",
+        description="launcher=ray: the node trainer rank 0 (the process that writes weights and checkpoints) "
+        "is placed on: head, or a node's IP address.",
+    )
+    fsdp_mesh: Literal["auto", "shard", "hybrid"] = Field(
+        "auto",
+        description="launcher=ray: shard (1-D: parameters sharded over every rank), hybrid (2-D, HSDP: sharded "
+        "within a node, replicated across nodes; every node must hold the same number of ranks), auto (hybrid "
+        "when the ranks span more than one node and every node holds the same number, else shard).",
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="launcher=ray: environment variables set in every actor (and its server process), on top "
+        "of the allow-listed ones forwarded from this process (asearch.launch.spec.FORWARDED_ENV).",
     )
 
     def threads(self, trainer_threads: int) -> int:
@@ -53,6 +76,53 @@ class Allocation(Config):
     def cpus(self, trainer_threads: int) -> tuple[float, float]:
         """Ray CPU reservations: (per server, per trainer rank)."""
         return (self.server_cpus or float(self.server_threads), self.rank_cpus or float(trainer_threads))
+
+    def gpus(self, cluster_gpus: float, server_tp: int = 1) -> tuple[float, float]:
+        """Ray GPU reservations: (per server, per trainer rank). Unset ones follow the hardware: a server its
+        tensor-parallel size and a rank 1 GPU when the cluster has any, else 0."""
+        has = cluster_gpus > 0
+        server = self.server_gpus if self.server_gpus is not None else (float(server_tp) if has else 0.0)
+        rank = self.rank_gpus if self.rank_gpus is not None else (1.0 if has else 0.0)
+        return server, rank
+
+    def resolved_bind(self, alive_nodes: int) -> Literal["loopback", "node"]:
+        """`bind` with auto decided: node addresses once the cluster has more than one node."""
+        if self.bind != "auto":
+            return self.bind
+        return "node" if alive_nodes > 1 else "loopback"
+
+    def actor_env(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """The variables every actor gets: the allow-listed ones of `environ` (this process's), then `env`."""
+        return {k: v for k, v in environ.items() if forwarded(k)} | dict(self.env)
+
+
+# Forwarded to every Ray actor (runtime_env): communication, hub/cache, asearch, torch and thread settings. Not
+# CUDA_VISIBLE_DEVICES: Ray sets each actor's own from the GPUs it reserved.
+FORWARDED_ENV_PREFIXES = (
+    "NCCL_", "GLOO_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "ASEARCH_", "CUDA_", "PYTORCH_", "TORCH_",
+    "VLLM_", "SGLANG_", "TORCHINDUCTOR_", "TRITON_",
+)  # fmt: skip
+FORWARDED_ENV = (
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM", "PYTHONHASHSEED", "PYTHONUNBUFFERED",
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
+)  # fmt: skip
+NOT_FORWARDED_ENV = ("CUDA_VISIBLE_DEVICES",)
+
+
+def server_tensor_parallel(servers: RolloutServersConfig) -> int:
+    """GPUs one rollout server of this kind spans (its tensor-parallel size; 1 for kinds without one)."""
+    if servers.kind == "vllm":
+        return int(servers.vllm.tensor_parallel_size)
+    if servers.kind == "sglang-server":  # a real SGLang server (`rollout_servers.sglang`)
+        return int(servers.sglang.tp_size)
+    return 1
+
+
+def forwarded(name: str) -> bool:
+    """Whether environment variable `name` of the driver reaches every actor."""
+    if name in NOT_FORWARDED_ENV:
+        return False
+    return name in FORWARDED_ENV or name.startswith(FORWARDED_ENV_PREFIXES)
 
 
 class Launcher:

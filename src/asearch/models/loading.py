@@ -92,6 +92,24 @@ def load_model(
     return model.to(device).eval()
 
 
+def empty_model(name_or_path: str | os.PathLike[str], *, dtype: DType = "float32") -> PreTrainedModel:
+    """The architecture of `name_or_path` on the meta device: shapes, no weights and no memory. An FSDP rank
+    other than 0 builds this and receives rank 0's weights shard by shard (`asearch.rl.distributed.shard_model`)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = resolve_model_path(name_or_path)
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=hf_offline())
+    except (OSError, ValueError) as e:
+        if Path(path).is_dir() and (Path(path) / "config.json").exists():
+            raise
+        raise _not_found(path, "model", e) from e
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=_torch_dtype(dtype))
+    return model.eval()
+
+
 def load_tokenizer(name_or_path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
     """`AutoTokenizer.from_pretrained` for the same names `load_model` accepts."""
     from transformers import AutoTokenizer

@@ -59,7 +59,8 @@ def init_distributed(backend: str | None = None, store: dist.Store | None = None
     RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; without them, a group of one process on a
     free local port. `store`: the rendezvous store (rank 0's, listening since its port was chosen, or a client
     of it), used instead of MASTER_ADDR/MASTER_PORT; every rank must pass one or none. Backend: NCCL when CUDA is
-    available (one GPU per process, cuda:LOCAL_RANK), else gloo on CPU.
+    available (one GPU per process, cuda:LOCAL_RANK; a process that sees a single GPU, as a Ray actor with its own
+    CUDA_VISIBLE_DEVICES does, uses cuda:0), else gloo on CPU.
     """
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -72,8 +73,12 @@ def init_distributed(backend: str | None = None, store: dist.Store | None = None
         raise RuntimeError(f"WORLD_SIZE={world_size} but {', '.join(missing)} unset: launch with torchrun")
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
+        index = 0 if torch.cuda.device_count() == 1 else local_rank
+        if index >= torch.cuda.device_count():
+            raise RuntimeError(f"LOCAL_RANK={local_rank} but this process sees {torch.cuda.device_count()} GPU(s) "
+                               f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")  # fmt: skip
+        torch.cuda.set_device(index)
+        device = torch.device("cuda", index)
     else:
         device = torch.device("cpu")
     if not dist.is_initialized():
@@ -93,29 +98,61 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return layers
 
 
-def shard_model(model: torch.nn.Module, env: DistEnv, *, bf16: bool | None = None) -> torch.nn.Module:
+def shard_model(
+    model: torch.nn.Module, env: DistEnv, *, bf16: bool | None = None, mesh_shape: tuple[int, int] | None = None
+) -> torch.nn.Module:
     """FSDP2 in place: each decoder layer is one unit, the root (embeddings, final norm, LM head) another.
+
+    Rank 0's weights are the model's on every rank: the others may build it on the meta device (`empty_model`)
+    and receive them here, so no rank but 0 ever holds a full copy. `mesh_shape` (replicate, shard): HSDP,
+    parameters sharded over the ranks of a row (a node) and replicated across rows; None: sharded over all.
 
     `bf16` (default: on GPU) computes in bfloat16 and reduces gradients in float32; the parameters the
     optimizer updates stay float32. Gradients are summed over ranks, not averaged: the PPO loss is
     already normalised by the global token count.
     """
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     bf16 = env.device.type == "cuda" if bf16 is None else bf16
-    mesh = init_device_mesh(env.device.type, (env.world_size,))
+    mesh = _mesh(env, mesh_shape)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
     kwargs: dict[str, Any] = {"mesh": mesh} | ({"mp_policy": mp} if mp else {})
-    model.to(env.device)
+    full = model.state_dict() if env.is_main else {}  # references to rank 0's weights: broadcast after sharding
+    on_meta = any(t.is_meta for t in (*model.parameters(), *model.buffers()))
+    if not on_meta:
+        model.to(env.device)
     for layer in decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
+    _weights_from_rank0(model, full, env, on_meta)
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)
             m.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has neither AVG nor PREMUL_SUM
     return model
+
+
+def _mesh(env: DistEnv, mesh_shape: tuple[int, int] | None) -> Any:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if mesh_shape is None:
+        return init_device_mesh(env.device.type, (env.world_size,))
+    if mesh_shape[0] * mesh_shape[1] != env.world_size:
+        raise ValueError(f"mesh {mesh_shape} does not cover the {env.world_size} ranks")
+    return init_device_mesh(env.device.type, tuple(mesh_shape), mesh_dim_names=("replicate", "shard"))
+
+
+def _weights_from_rank0(model: torch.nn.Module, full: dict[str, torch.Tensor], env: DistEnv, on_meta: bool) -> None:
+    """Every rank's shards from rank 0's full state dict (the others pass {}), and every buffer from rank 0's:
+    non-persistent ones (rotary frequencies) are in no state dict and are garbage after `to_empty`."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if on_meta:
+        model.to_empty(device=env.device)
+    opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, full, options=opts)
+    for buf in model.buffers():
+        dist.broadcast(buf.data, src=0)
 
 
 class DistributedPolicyTrainer(PolicyTrainer):
@@ -131,16 +168,18 @@ class DistributedPolicyTrainer(PolicyTrainer):
         bf16: bool | None = None,
         temperature: float = 1.0,
         total_steps: int = 1,
+        mesh_shape: tuple[int, int] | None = None,
     ):
         if cfg.lora.enabled:
             raise ConfigError("trainer.lora with FSDP trainer ranks is not supported: train LoRA in one process (launcher none or local)")
         self.env = env or init_distributed()
+        self.mesh_shape = mesh_shape
         if bf16 is None and cfg.param_dtype == "bfloat16":  # float32 shards (the master copy), gathered in bf16
             bf16 = True
-        reference = shard_model(frozen_copy(model), self.env, bf16=bf16) if cfg.loss.kl_coef > 0 else None
+        reference = shard_model(frozen_copy(model), self.env, bf16=bf16, mesh_shape=mesh_shape) if cfg.loss.kl_coef > 0 else None
         if cfg.checkpointing_on(self.env.device):
             enable_activation_checkpointing(model)  # before sharding, so FSDP wraps the checkpointed layers
-        shard_model(model, self.env, bf16=bf16)
+        shard_model(model, self.env, bf16=bf16, mesh_shape=mesh_shape)
         super().__init__(model, cfg, temperature=temperature, total_steps=total_steps, reference=reference)
 
     # ---- the PolicyTrainer hooks
@@ -169,7 +208,8 @@ class DistributedPolicyTrainer(PolicyTrainer):
 
     @torch.no_grad()
     def _clip_grad_norm(self) -> float:
-        """The norm of the whole gradient from the squared norms of every rank's disjoint shards."""
+        """The norm of the whole gradient from the squared norms of every rank's disjoint shards (HSDP: of the
+        ranks of one mesh row; the rows hold copies)."""
         from torch.distributed.tensor import DTensor
 
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
@@ -177,12 +217,18 @@ class DistributedPolicyTrainer(PolicyTrainer):
         sq = torch.zeros((), dtype=torch.float64, device=self.env.device)
         for g in local:
             sq += g.double().pow(2).sum()
-        dist.all_reduce(sq)
+        dist.all_reduce(sq, group=self._shard_group(grads))
         norm = sq.sqrt()
         coef = (self.cfg.optim.grad_clip / (norm + 1e-6)).clamp(max=1.0)
         for g in local:
             g.mul_(coef.to(g.dtype))
         return float(norm)
+
+    def _shard_group(self, grads: list[Any]) -> Any:
+        """The process group of this rank's mesh row under HSDP; None (every rank) under a 1-D mesh."""
+        if self.mesh_shape is None or not grads:
+            return None
+        return grads[0].device_mesh.get_group("shard")
 
     def _world_size(self) -> int:
         return self.env.world_size
