@@ -39,6 +39,7 @@ from asearch.models.device import (
     peak_flops,
     resolve_dtype,
     restore_attention,
+    synchronize,
     use_attention,
 )
 from asearch.models.lora import (
@@ -604,6 +605,7 @@ class PolicyTrainer(BroadcastsWeights):
         out["perf/lr"] = self.scheduler.get_last_lr()[0]
         out["perf/train_tokens"] = float(sum(len(s.token_ids) for s in samples))
         out["perf/train_samples"] = float(len(samples))
+        synchronize(self.device)  # the last optimizer step's kernels belong to this step's time
         out.update(self._speed(samples, time.perf_counter() - started))
         restore_attention(self.model)  # whoever uses the model next finds it as it was given
         self.model.eval()
