@@ -1,7 +1,6 @@
 """`asearch train ... launcher=local`: generation on 2 rollout servers started as subprocesses (1 torch
-thread each), weights pushed through disk after every step (the first test) or over a weight group (the
-default); a killed server is relaunched, takes the latest weights and rejoins, while its requests move to the
-other server and no group is lost."""
+thread each), weights pushed through disk after every step; a killed server is relaunched, takes the
+latest weights and rejoins, while its requests move to the other server and no group is lost."""
 
 from __future__ import annotations
 
@@ -35,7 +34,7 @@ def assert_stopped(out: Path) -> None:
 def train(model: Path, out: Path, steps: int, train_command, env) -> str:
     t0 = time.monotonic()
     done = subprocess.run(
-        [*train_command(model, out, steps, batch=B, group=N, eta=ETA), *LOCAL, "rollout_servers.weights=disk"],
+        [*train_command(model, out, steps, batch=B, group=N, eta=ETA), *LOCAL],
         env=env,
         capture_output=True,
         text=True,

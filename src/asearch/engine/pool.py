@@ -20,6 +20,7 @@ Tokens stay honestly tagged meanwhile: a launched server labels its weights (`--
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import OrderedDict
@@ -72,12 +73,13 @@ class RolloutServersConfig(Config):
         description="Servers already running (same model). Empty with launcher=local: it starts them.",
     )
     weights: Literal["collective", "disk"] = Field(
-        "collective",
-        description="How a new version reaches the servers. collective: the trainer's rank 0 broadcasts it in "
-        "buckets over a torch.distributed group the servers join (gloo on CPU, NCCL on CUDA; SGLang's "
-        "update_weights_from_distributed, vLLM through asearch's worker extension); a version also goes to disk "
-        "when a server restarted or left the pool, and for kinds without the group methods. disk: saved as an HF "
-        "directory RUN/weights/vN, then loaded by every server (update_weights_from_disk / reload_weights).",
+        "disk",
+        description="How a new version reaches the servers. disk: saved as an HF directory RUN/weights/vN, then "
+        "loaded by every server (update_weights_from_disk / reload_weights). collective: the trainer's rank 0 "
+        "broadcasts it in buckets over a torch.distributed group the servers join (gloo on CPU, NCCL on CUDA; "
+        "SGLang's update_weights_from_distributed, vLLM through asearch's worker extension); a version goes to "
+        "disk instead when a server restarted or left the pool, and for kinds without the group methods "
+        "(docs/rl.md: a server killed in the middle of a broadcast can hold that push up to weights_timeout_s).",
     )
     weights_bucket_mb: float = Field(
         512.0, gt=0, description="collective: megabytes of tensors per update message (one HTTP call per bucket)."
@@ -280,8 +282,24 @@ class EnginePool:
         """Every server in the weight group receives `version` while the trainer broadcasts it. A server that
         restarts later waits out of the pool until a version reaches a directory (the next push goes by disk)."""
         async with self._lock:
-            await asyncio.gather(*(m.engine.update_weights_from_distributed(buckets, version, group_name) for m in self._group))
-            for m in self._group:
+            group, failed = list(self._group), []
+
+            async def receive(m: _Member) -> None:
+                try:
+                    await m.engine.update_weights_from_distributed(buckets, version, group_name)
+                except Exception as e:  # noqa: BLE001 - every server must be heard from before the group is given up
+                    failed.append(f"{m.name}: {type(e).__name__}: {e}")
+                    if isinstance(e, RemoteError):
+                        self._lose(m, e)
+                    # a server that gave up leaves the group: a broadcast waiting on it fails instead of hanging
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(m.engine.destroy_weights_update_group(group_name), 10)
+
+            await asyncio.gather(*(receive(m) for m in group))
+            if failed:
+                self._group = []
+                raise RemoteError(f"weight group {group_name} broke during version {version}: {'; '.join(failed)}")
+            for m in group:
                 m.updates += 1
             self._version, self._disk_behind = version, True
 

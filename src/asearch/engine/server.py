@@ -4,7 +4,8 @@ and OpenAI's API (`asearch.engine.openai_api`).
 `asearch engine serve MODEL` (or `launch_engine_server`) runs the in-process engine in its own process
 behind the endpoints `asearch.engine.sglang.SGLangEngine` uses, so a trainer talks to it exactly as it
 would to an SGLang server: generation and training run in different processes, on different cores, and
-weights travel through disk (`/update_weights_from_disk`).
+weights arrive from disk (`/update_weights_from_disk`) or over a weight group the trainer broadcasts on
+(`/init_weights_update_group`, `/update_weights_from_distributed`).
 
     POST /generate                  {input_ids | text, sampling_params, return_logprob, rid}
     POST /pause_generation          {mode: abort | in_place | retract}

@@ -356,7 +356,7 @@ async def rollout_engine(
     engine = open_pool(servers, urls, supervisors=sups, version=version)
     weights: DiskWeights | CollectiveWeights
     weights = disk = DiskWeights(engine, trainer, tokenizer, run / "weights", servers.keep_weights, servers.weights_disk_dtype)
-    if servers.weights == "collective" and engine.supports_weight_group() and hasattr(trainer, "broadcast_weights"):
+    if servers.weights == "collective" and engine.supports_weight_group() and hasattr(trainer, "broadcast_weights_or_leave"):
         tp = {"vllm": servers.vllm.tensor_parallel_size, "sglang-server": servers.sglang.tp_size}.get(servers.kind, 1)
         weights = CollectiveWeights(
             engine, trainer, disk, list(urls), servers.weights_bucket_mb, servers.weights_dtype, servers.weights_timeout_s, tp,

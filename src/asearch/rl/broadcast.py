@@ -120,6 +120,16 @@ class BroadcastsWeights:
             work.wait()
         return sent
 
+    def broadcast_weights_or_leave(self, dtype: str = "bfloat16") -> int:
+        """`broadcast_weights`; when it fails (a server left), rank 0 leaves the group first: closing its end
+        makes the other servers' pending receives fail at once instead of waiting out the timeout."""
+        try:
+            return self.broadcast_weights(dtype)
+        except Exception as e:
+            self.leave_weight_group()
+            # a traceback keeps the failed call's pending works, and they keep the group's sockets open
+            raise RuntimeError(f"weight broadcast failed: {type(e).__name__}: {e}") from None
+
     def leave_weight_group(self) -> None:
         group, self._weight_group = self._weight_group, None
         if group is not None:

@@ -17,6 +17,7 @@ Each push leaves its seconds and bytes in `metrics()` (`weights/sync_s`, `weight
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import shutil
@@ -123,10 +124,21 @@ class CollectiveWeights:
         buckets = plan_buckets(
             shapes, bucket_bytes=int(self.bucket_mb * 2**20), dtype=parse_dtype(self.dtype)
         )
-        sent, _ = await asyncio.gather(
-            asyncio.to_thread(self.trainer.broadcast_weights, self.dtype),
+        sent, received = await asyncio.gather(
+            asyncio.to_thread(self.trainer.broadcast_weights_or_leave, self.dtype),
             self.engine.update_weights_from_distributed(buckets, version, self._group),
+            return_exceptions=True,  # both sides finish (a failed one closes its end) before anything else
         )
+        if isinstance(sent, BaseException) or isinstance(received, BaseException):
+            error = received if isinstance(received, BaseException) else sent
+            log.warning(
+                "version %d over weight group %s failed (%s); it goes by disk", version, self._group, error
+            )
+            with contextlib.suppress(Exception):
+                await self.close()
+            await self.disk.push(version)
+            self.last = self.disk.metrics()
+            return
         self.last = {
             "weights/sync_s": time.perf_counter() - t0,
             "weights/sync_bytes": float(sent),
