@@ -191,12 +191,12 @@ def test_two_nodes_place_by_node_address_train_and_resume(two_nodes, tiny_world_
     assert nodes and sorted(nodes[1].split(", ")) == [f"{HEAD} head", WORKER] and "bind node" in first, first[-3000:]
     assert "ASEARCH_TWO_NODE_PROBE" in first and "TWO_NODE_UNLISTED" not in first
     assert "FSDP mesh 2-D HSDP: replicate 2 x shard 1" in first
-    servers_at = sorted(re.findall(r"rollout server \d on node (\S+).*serving http://([\d.]+):", first))
+    servers_at = sorted(re.findall(r"rollout server \d on node ([\d.]+).*serving http://([\d.]+):", first))
     assert servers_at == [(HEAD, HEAD), (WORKER, WORKER)], placement  # spread, each at its node's address
-    ranks_at = re.findall(r"trainer rank (\d) on node (\S+)", first)
+    ranks_at = re.findall(r"trainer rank (\d) on node ([\d.]+)", first)
     assert ranks_at == [("0", HEAD), ("1", WORKER)], placement  # rank 0 on the head, rank 1 on the other node
     assert f"process group store at {HEAD}:" in first
-    gpus = re.findall(r"on node (\S+)(?: \(head\))?, GPUs (\S+) ", first)
+    gpus = re.findall(r"on node ([\d.]+)(?: \(head\))?, GPUs (\S+) ", first)
     assert sorted(gpus) == sorted([(HEAD, "0"), (HEAD, "1"), (WORKER, "0"), (WORKER, "1")]), gpus  # 1 GPU each
 
     # resume: the ranks load the last checkpoint (step 2 or 4) and the run goes one step further on the same nodes
