@@ -120,6 +120,9 @@ def sample(logits: Tensor, rows: list[RowSampling]) -> tuple[list[int], list[flo
 
 
 def _to_host(ids: Tensor, logprobs: Tensor) -> tuple[list[int], list[float]]:
-    """Token ids and float32 log-probs in one device-to-host copy (float64 holds both exactly)."""
+    """Token ids and float32 log-probs as lists: off the CPU in one device-to-host copy (float64 holds both
+    exactly); on the CPU directly (stacking costs more than it saves there)."""
+    if ids.device.type == "cpu":
+        return ids.tolist(), logprobs.tolist()
     both = torch.stack((ids.to(torch.float64), logprobs.to(torch.float64))).tolist()
     return [int(t) for t in both[0]], both[1]
