@@ -15,10 +15,16 @@ KV heads, vocabulary 151,936, tied embeddings) in the device's dtype (bfloat16 o
    and after) shrunk to minutes, on the GPU (`asearch demo` with the overrides in `RL_OVERRIDES`);
 4. long: the same for `asearch demo --preset long` (access, reading turns, 1-6 hops) with a ~26M-parameter model
    (`LONG_OVERRIDES`), plus its mean held-out turns and the share of correct episodes that used `access`.
+5. plan: `asearch plan`'s predicted peak memory against the measured one (torch.cuda.max_memory_allocated on a
+   GPU) for one train step (checkpointing off and on, LoRA, the KL reference) and one engine step of random Qwen2
+   models up to the 0.5B shape (bench/plan_calibration.py);
+6. weights: weight sync from a DistributedPolicyTrainer of world size 1 (NCCL on a GPU) to an `asearch engine
+   serve` process on the same device, by disk (float32, bfloat16) and over a weight group, in seconds per GB
+   (bench/weight_sync.py).
 Each phase appends its rows to the JSON file as it finishes, so a run cut short keeps what it measured; the
 table is printed at the end. `--shape tiny` runs the same code on a CPU in seconds (tests/bench/test_gpu_check.py).
 
-    python bench/gpu_check.py --out gpu_check.json                   # on a GPU: phases 0-3 about 6 minutes on an H100
+    python bench/gpu_check.py --out gpu_check.json                   # on a GPU: every phase (parity ... long)
     python bench/gpu_check.py --phases long --out gpu_long.json      # the long preset alone (not yet run on a GPU)
     python bench/gpu_check.py --shape tiny --device cpu --out /tmp/g.json
 """
@@ -76,6 +82,8 @@ LONG_OVERRIDES = [
     "sft.token_budget=16384", "sft.optim.lr=1e-3", "rl.max_rl_seconds=180", "rl.heldout.every_s=60",
     "rl.engine.max_batch=256", "rl.rollout.max_concurrent=64", "rl.trainer.token_budget=16384",
 ]  # fmt: skip
+# Every phase, in the order a default run takes them (the long RL runs last).
+PHASES = ("parity", "decode", "train", "plan", "weights", "rl", "long")
 # phase -> (demo preset, overrides on a GPU, overrides at the tiny shape)
 DEMO_PHASES = {"rl": ("default", RL_OVERRIDES, TINY_RL_OVERRIDES), "long": ("long", LONG_OVERRIDES, TINY_RL_OVERRIDES)}
 
@@ -283,6 +291,22 @@ def rl_rows(args, out_dir: Path, phase: str = "rl") -> list[dict[str, Any]]:
     return [row]
 
 
+# --------------------------------------------------------------------------- 5. plan
+
+# bench/plan_calibration.py's shapes the plan phase measures: up to the real 0.5B shape on a GPU, the smallest on a CPU.
+PLAN_SHAPES = {"qwen2.5-0.5b": ["large", "qwen2.5-0.5b"], "tiny": ["small"]}
+
+
+def plan_rows(args) -> list[dict[str, Any]]:
+    from plan_calibration import calibration_rows
+
+    rows = calibration_rows(PLAN_SHAPES[args.shape], device=args.device)
+    for r in rows:
+        print(f"plan {r['what']} {r['shape']}: predicted {r['predicted'] / 2**30:.2f} GiB, measured "
+              f"{r['measured'] / 2**30:.2f} GiB ({r['error']:+.1%})", flush=True)  # fmt: skip
+    return [{"phase": "plan", **{k: v for k, v in r.items() if isinstance(v, int | float | str | bool | None)}} for r in rows]
+
+
 def _last_metrics(path: Path) -> dict[str, Any]:
     if not path.exists():
         return {}
@@ -313,9 +337,11 @@ def table(result: dict[str, Any]) -> str:
     for r in (r for r in result["rows"] if r["phase"] == "parity"):
         lines.append(f"parity, engine in {r['engine_dtype']}: max |log-prob - float32 transformers| {r['max_abs_logprob_diff']:.2e}, "
                      f"greedy token = reference argmax on {r['argmax_agreement']:.1%} of {r['tokens']}")  # fmt: skip
-    lines += ["", "| batch | in-process engine tok/s | transformers generate tok/s | ratio | engine without CUDA graphs tok/s |",
-              "|---:|---:|---:|---:|---:|"]  # fmt: skip
-    for r in (r for r in result["rows"] if r["phase"] == "decode"):
+    decode = [r for r in result["rows"] if r["phase"] == "decode"]
+    if decode:
+        lines += ["", "| batch | in-process engine tok/s | transformers generate tok/s | ratio | engine without CUDA graphs tok/s |",
+                  "|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for r in decode:
         eager = r.get("engine_without_graphs_tokens_per_s")
         lines.append(f"| {r['batch']} | {r['engine_tokens_per_s']:,.0f} | {r['hf_generate_tokens_per_s']:,.0f} | {r['ratio']:.2f} | "
                      + (f"{eager:,.0f} |" if eager is not None else "- |"))  # fmt: skip
@@ -331,6 +357,12 @@ def table(result: dict[str, Any]) -> str:
         if r["mean_turns_after"] is not None:
             access = "none correct" if r["access_rate_correct"] is None else f"{r['access_rate_correct']:.2f}"
             lines[-1] += f", {r['mean_turns_after']:.1f} turns an episode after, correct ones using access: {access}"
+    plan = [r for r in result["rows"] if r["phase"] == "plan"]
+    if plan:
+        lines += ["", "| memory plan: what | shape | checkpointing | predicted GiB | measured GiB | error |",
+                  "|---|---|---|---:|---:|---:|"]  # fmt: skip
+        lines += [f"| {r['what']} | {r['shape']} | {'on' if r.get('checkpointing') else 'off'} | {r['predicted'] / 2**30:.2f} "
+                  f"| {r['measured'] / 2**30:.2f} | {r['error']:+.1%} |" for r in plan]  # fmt: skip
     for r in (r for r in result["rows"] if r["phase"] == "weights"):
         what = f"{r['seconds']:.2f} s for {r['gb']:.2f} GB = {r['s_per_gb']:.2f} s/GB" if "error" not in r else f"failed: {r['error']}"
         lines += [f"weight sync {r['method']} ({r['backend']}): {what}"]
@@ -347,7 +379,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--out", type=Path, default=Path("gpu_check.json"))
-    ap.add_argument("--phases", default="parity,decode,train,rl,long", help="comma-separated: parity, decode, train, rl, long, weights (weight sync, bench/weight_sync.py)")
+    ap.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated: {', '.join(PHASES)}")
     ap.add_argument("--parity-new", type=int, default=24, help="greedy tokens per prompt in the parity phase")
     ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 64, 256])
     ap.add_argument("--prompt", type=int, default=256, help="prompt tokens per request")
@@ -366,8 +398,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     print(json.dumps(result["env"]), flush=True)
     phases = args.phases.split(",")
-    if unknown := set(phases) - {"parity", "decode", "train", "rl", "long", "weights"}:
-        ap.error(f"unknown phases {sorted(unknown)} (parity, decode, train, rl, long, weights)")
+    if unknown := set(phases) - set(PHASES):
+        ap.error(f"unknown phases {sorted(unknown)} ({', '.join(PHASES)})")
     for phase in phases:
         t = time.perf_counter()
         try:
@@ -381,6 +413,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 from weight_sync import gpu_check_rows
 
                 rows = gpu_check_rows(args.shape, args.device)
+            elif phase == "plan":  # the memory plan against the measured peak (bench/plan_calibration.py)
+                rows = plan_rows(args)
             else:
                 rows = rl_rows(args, args.work or args.out.parent, phase)
             result["rows"] += rows

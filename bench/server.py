@@ -84,6 +84,21 @@ async def hammer(url: str, queries: list[str], clients: int) -> tuple[float, dic
     return qps, stats
 
 
+def start_serve(cmd: list[str]) -> tuple[subprocess.Popen, str]:
+    """`asearch serve ... --port 0` started, and the url it prints once it has picked its port."""
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    assert proc.stderr is not None
+    url = None
+    while url is None:
+        line = proc.stderr.readline()
+        if not line:
+            proc.kill()
+            raise SystemExit("asearch serve exited before printing its url")
+        m = re.search(r"server at (http://[\d.]+:\d+)", line)
+        url = m.group(1) if m else None
+    return proc, url
+
+
 def served(
     index_dir: Path, queries: list[str], clients: int, method: str, overrides: list[str]
 ) -> tuple[float, dict]:
@@ -100,16 +115,8 @@ def served(
         "0",
     ]
     cmd.append("log_level=warning")
-    proc = subprocess.Popen([*cmd, *overrides], stderr=subprocess.PIPE, text=True)
+    proc, url = start_serve([*cmd, *overrides])
     try:
-        assert proc.stderr is not None
-        url = None
-        while url is None:
-            line = proc.stderr.readline()
-            if not line:
-                raise SystemExit("asearch serve exited before printing its url")
-            m = re.search(r"server at (http://[\d.]+:\d+)", line)
-            url = m.group(1) if m else None
         for _ in range(600):
             try:
                 httpx.get(url + "/health")

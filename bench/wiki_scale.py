@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import random
-import re
 import shutil
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
+from server import start_serve  # noqa: E402  (bench/server.py)
 from synthetic import FUNCTION_WORDS  # noqa: E402
 
 HERE = Path(__file__).resolve()
@@ -256,16 +256,8 @@ def serve_and_load(index_dir: Path, corpus: Path, clients: list[int], requests: 
     queries, urls = _queries_and_urls(corpus, 2000)
     t0 = time.perf_counter()
     cmd = [sys.executable, "-m", "asearch", "serve", "--index", str(index_dir), "--port", "0", "log_level=warning"]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    proc, url = start_serve(cmd)
     try:
-        assert proc.stderr is not None
-        url = None
-        while url is None:
-            line = proc.stderr.readline()
-            if not line:
-                raise SystemExit("asearch serve exited before printing its url")
-            m = re.search(r"server at (http://[\d.]+:\d+)", line)
-            url = m.group(1) if m else None
         while True:
             try:
                 if httpx.get(url + "/health", timeout=5).status_code == 200:

@@ -6,7 +6,9 @@
     ├── IndexError_            missing, stale or mismatched index directory
     ├── ToolError              a tool could not run (rendered to the agent as an observation)
     ├── RemoteError            a server we talk to failed or answered badly
-    └── LaunchError            no cluster, or the allocation does not fit it
+    ├── LaunchError            no cluster, or the allocation does not fit it
+    │   └── TrainerRankError   a trainer rank failed or stopped answering (names the rank and its node)
+    └── TrainingDiverged       a step's loss or gradient norm is not finite
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ class RemoteError(AsearchError):
 
 class LaunchError(AsearchError):
     """A launcher could not reach its cluster or place what the allocation asks for."""
+
+
+class TrainerRankError(LaunchError):
+    """A trainer rank raised, died or did not answer within its timeout; the run stops (its last checkpoint resumes it)."""
 
 
 class TrainingDiverged(AsearchError):

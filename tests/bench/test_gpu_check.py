@@ -42,6 +42,13 @@ def test_gpu_check_runs_every_phase_at_a_tiny_shape_on_the_cpu(tmp_path):
     assert "\npreset: long\npages: long\n" in (tmp_path / "long-demo" / "config.yaml").read_text()
     assert "| batch | in-process engine tok/s |" in done.stdout and "trainer:" in done.stdout and "async RL (demo" in done.stdout
     assert "async RL (long-horizon preset" in done.stdout
+    plan = [r for r in result["rows"] if r["phase"] == "plan"]  # the memory plan against the measured peak
+    assert plan and all(r["measured"] > 0 and abs(r["error"]) < 0.2 for r in plan), plan
+    weights = {r["method"]: r for r in result["rows"] if r["phase"] == "weights"}  # disk and collective sync
+    assert set(weights) == {"disk-float32", "disk-bfloat16", "collective"}
+    assert all(r["seconds"] > 0 for r in weights.values()) and weights["collective"]["backend"] == "gloo"
+    assert weights["disk-bfloat16"]["gb"] < weights["disk-float32"]["gb"]
+    assert "| memory plan: what |" in done.stdout
 
 
 def test_a_failing_phase_is_reported_and_the_others_kept(tmp_path):

@@ -222,7 +222,7 @@ def eval_command(
     dump_config(cfg, run_dir / "eval_config.yaml")
 
     from asearch.agent.runtime import RuntimeConfig, build_runtime
-    from asearch.eval.runner import agent_solver, evaluate_async
+    from asearch.eval.runner import evaluate_async
     from asearch.tools.replay import RECORD_DIR
 
     runtime_cfg = RuntimeConfig.model_validate(cfg.model_dump(include={"engine", "tools", "agent"}))
@@ -235,16 +235,7 @@ def eval_command(
                       f"(log: {escape(str(run_dir / 'judge_server.log'))})")  # fmt: skip
     llm_judge, judge_client = build_judge(e.judge, url=judge_url)
 
-    solver = agent_solver(runtime.engine, runtime.tokenizer, runtime.tools, runtime.agent_cfg)
-    identity = {"runtime": runtime_cfg.model_dump(mode="json"), "judge": e.judge.model_dump(mode="json")}
-    if cfg.workflow.kind != "search_agent":  # an OpenAI-client agent answers instead of asearch's loop
-        from asearch.agent.openai_workflow import make_workflow
-        from asearch.eval.runner import workflow_solver
-        from asearch.tools.build import tool_metrics
-
-        workflow = make_workflow(cfg.workflow, runtime.tokenizer, runtime.tools, runtime.agent_cfg)
-        solver = workflow_solver(workflow, runtime.engine, metrics=lambda: tool_metrics(runtime.tools))  # type: ignore[arg-type]
-        identity["workflow"] = cfg.workflow.model_dump(mode="json")
+    solver, identity = _solver(cfg, runtime, runtime_cfg)
 
     async def run() -> Any:
         try:
@@ -273,14 +264,7 @@ def eval_command(
 
     summary = asyncio.run(run())
     _print_summary(summary.summary, summary.out_dir)
-    from asearch.eval.coverage import coverage_for_tools
-
-    try:  # beside the scores: a low score from a missing document is told from a bad agent (docs/retrieval.md)
-        coverage = coverage_for_tools(records, cfg.tools)
-        for line in coverage.lines() if coverage else []:
-            console.print(escape(line), soft_wrap=True)
-    except Exception as e:  # noqa: BLE001  (the scores above stand whatever the coverage check hits)
-        console.print(f"[dim]coverage not computed: {escape(str(e))}[/dim]")
+    _print_coverage(records, cfg.tools)
     console.print(f"results: {summary.resumed} resumed, {summary.written} new, {summary.failed} failed")
     if summary.failed:
         console.print(
@@ -291,6 +275,36 @@ def eval_command(
     if summary.summary["overall"]["n"] == 0 and records:  # asked to score questions, scored none
         console.print(f"[red]no question was scored[/red]: shard {e.shard} holds none of the {len(records)} questions")
         raise typer.Exit(1)
+
+
+def _solver(cfg: Any, runtime: Any, runtime_cfg: Any) -> tuple[Any, dict[str, Any]]:
+    """What answers each question (asearch's agent loop, or the configured OpenAI-client agent's workflow) and the
+    identity a resumed run must match."""
+    from asearch.eval.runner import agent_solver
+
+    identity = {"runtime": runtime_cfg.model_dump(mode="json"), "judge": cfg.eval.judge.model_dump(mode="json")}
+    if cfg.workflow.kind == "search_agent":
+        return agent_solver(runtime.engine, runtime.tokenizer, runtime.tools, runtime.agent_cfg), identity
+    from asearch.agent.openai_workflow import make_workflow
+    from asearch.eval.runner import workflow_solver
+    from asearch.tools.build import tool_metrics
+
+    workflow = make_workflow(cfg.workflow, runtime.tokenizer, runtime.tools, runtime.agent_cfg)
+    solver = workflow_solver(workflow, runtime.engine, metrics=lambda: tool_metrics(runtime.tools))  # type: ignore[arg-type]
+    return solver, identity | {"workflow": cfg.workflow.model_dump(mode="json")}
+
+
+def _print_coverage(records: Any, tools_cfg: Any) -> None:
+    """Beside the scores, how many gold answers the searched corpus holds, so a low score from a missing document
+    is told from a bad agent (docs/retrieval.md); the scores stand whatever the check hits."""
+    from asearch.eval.coverage import coverage_for_tools
+
+    try:
+        coverage = coverage_for_tools(records, tools_cfg)
+        for line in coverage.lines() if coverage else []:
+            console.print(escape(line), soft_wrap=True)
+    except Exception as e:  # noqa: BLE001
+        console.print(f"[dim]coverage not computed: {escape(str(e))}[/dim]")
 
 
 def greedy_when_one_pass(cfg: Any) -> None:

@@ -23,8 +23,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from asearch.config import Config
-from asearch.engine.registry import EngineConfig, register_engine
-from asearch.engine.sglang import SGLangEngine, SGLangEngineConfig
+from asearch.engine.registry import register_engine
+from asearch.engine.sglang import SGLangEngineConfig, build_sglang
 from asearch.engine.supervisor import ServerSupervisor, SupervisorConfig
 from asearch.engine.vllm import server_gpus
 from asearch.errors import LaunchError
@@ -147,15 +147,12 @@ def serve_sglang_server(
     return sup, f"http://{host}:{port}"
 
 
-@register_engine(
+# The client is SGLangEngine, built as for kind sglang: only who starts the servers differs.
+register_engine(
     "sglang-server",
     options=SGLangEngineConfig,
     needs_url=True,
     rollouts=True,
     serve=serve_sglang_server,
     summary="a real SGLang server a launcher starts (python -m sglang.launch_server; GPU), SGLang's native API",
-)
-def build_sglang_server(cfg: EngineConfig, **context: Any) -> SGLangEngine:
-    assert cfg.base_url is not None  # EngineConfig checks it for kinds that need a server
-    return SGLangEngine(cfg.base_url, cfg=cfg.options)
-
+)(build_sglang)

@@ -17,19 +17,33 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-from asearch.engine.vllm_ext.asearch_weight_group import (
-    BACKENDS,
-    WeightGroup,
-    dtype_name,
-    host_store,
-    open_group,
-    parse_dtype,
-    receive_tensors,
-)
+    from asearch.engine.vllm_ext.asearch_weight_group import (
+        BACKENDS,
+        WeightGroup,
+        dtype_name,
+        host_store,
+        open_group,
+        parse_dtype,
+        receive_tensors,
+    )
+
+# The torch-only group code, imported on first use: the engine clients import this module for `Bucket` and
+# `GroupAddress`, and listing the engine kinds must not import torch.
+_GROUP_NAMES = frozenset({"BACKENDS", "WeightGroup", "dtype_name", "host_store", "open_group", "parse_dtype", "receive_tensors"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _GROUP_NAMES:
+        from asearch.engine.vllm_ext import asearch_weight_group
+
+        return getattr(asearch_weight_group, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "BACKENDS",
@@ -81,10 +95,15 @@ class GroupAddress:
 
 
 def plan_buckets(
-    shapes: Iterable[tuple[str, Sequence[int]]], *, bucket_bytes: int, dtype: torch.dtype = torch.bfloat16
+    shapes: Iterable[tuple[str, Sequence[int]]], *, bucket_bytes: int, dtype: torch.dtype | None = None
 ) -> list[Bucket]:
     """(name, shape) pairs, in the order they are sent, cut into buckets of at most `bucket_bytes` of `dtype`
-    (a tensor larger than that is a bucket of its own)."""
+    (default bfloat16; a tensor larger than that is a bucket of its own)."""
+    import torch
+
+    from asearch.engine.vllm_ext.asearch_weight_group import dtype_name
+
+    dtype = dtype or torch.bfloat16
     size = torch.empty((), dtype=dtype).element_size()
     buckets: list[Bucket] = []
     current = Bucket()

@@ -29,7 +29,7 @@ from typing import Any
 from asearch.engine.inprocess import InProcessEngineConfig
 from asearch.engine.pool import RolloutServersConfig
 from asearch.engine.supervisor import SupervisorConfig
-from asearch.errors import LaunchError
+from asearch.errors import LaunchError, TrainerRankError
 from asearch.launch.registry import register_launcher
 from asearch.launch.spec import Allocation, Launcher, server_tensor_parallel
 
@@ -118,7 +118,7 @@ class TrainerRankActor:
 
     def setup(
         self, master: tuple[str, int], model: str, trainer_cfg: Any, temperature: float, total_steps: int,
-        mesh_shape: tuple[int, ...] | None = None,
+        mesh_shape: tuple[int, ...] | None = None, timeout_s: float | None = None,
     ) -> int:  # fmt: skip
         """Join the group and build the trainer: rank 0 loads `model`, the others build it on the meta device and
         receive rank 0's weights while sharding (no full copy on them). `mesh_shape`: (replicate, shard) for HSDP."""
@@ -137,7 +137,7 @@ class TrainerRankActor:
         backend = "gloo" if str(getattr(trainer_cfg, "device", "auto")).lower() == "cpu" else None
         if master[0] != "127.0.0.1":
             gloo_on_node_interface()  # the ranks' group, when gloo, reaches the other nodes
-        env = init_distributed(backend, store=self.store)
+        env = init_distributed(backend, store=self.store, timeout_s=timeout_s)
         self.trainer = DistributedPolicyTrainer(
             load_model(model) if self.rank == 0 else empty_model(model), trainer_cfg, env=env,
             temperature=temperature, total_steps=total_steps, mesh_shape=mesh_shape,
@@ -216,14 +216,33 @@ class RayTrainerGroup:
     """The trainer the RL loop drives (`train_step`, `save_hf`, `save_checkpoint`, `load_checkpoint`), run by
     `ranks` actors; each call goes to every rank and returns rank 0's answer."""
 
-    def __init__(self, ranks: Sequence[Any], parameters: int):
+    def __init__(self, ranks: Sequence[Any], parameters: int, *, timeout_s: float = 1800.0, nodes: Sequence[str] = ()):
         self.ranks, self.parameters = list(ranks), parameters
+        self.timeout_s = timeout_s  # allocation.rank_timeout_s
+        self.nodes = list(nodes) or ["?"] * len(self.ranks)  # each rank's node address, for the error
         self._tokenizer: Any = None  # the one the ranks hold: sent once, not with every save
 
     def _all(self, method: str, *args: Any) -> list[Any]:
+        """`method` on every rank; rank 0's answer first. The first rank to fail, or those that have not answered
+        within `timeout_s` (a dead peer leaves the others waiting in a collective), raise a TrainerRankError."""
         import ray
 
-        return ray.get([getattr(r, method).remote(*args) for r in self.ranks])
+        refs = [getattr(r, method).remote(*args) for r in self.ranks]
+        rank_of = {ref: k for k, ref in enumerate(refs)}
+        pending, deadline = list(refs), time.monotonic() + self.timeout_s
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(deadline - time.monotonic(), 0.0))
+            if not ready:
+                late = ", ".join(f"{rank_of[r]} (node {self.nodes[rank_of[r]]})" for r in pending)
+                raise TrainerRankError(f"trainer rank(s) {late} did not answer {method} within {self.timeout_s:.0f}s "
+                                       "(allocation.rank_timeout_s); the run stops, its last checkpoint resumes it")  # fmt: skip
+            try:
+                ray.get(ready[0])
+            except Exception as e:  # noqa: BLE001 - named and re-raised: the others would wait for it forever
+                k, cause = rank_of[ready[0]], getattr(e, "cause", None) or e  # a RayTaskError wraps the rank's own
+                raise TrainerRankError(f"trainer rank {k} (node {self.nodes[k]}) failed in {method}: "
+                                       f"{type(cause).__name__}: {str(cause)[-2000:]}") from e  # fmt: skip
+        return ray.get(refs)
 
     def train_step(self, samples: Sequence[Any], *, policy_version: int, progress: float | None = None) -> dict[str, float]:
         import ray
@@ -469,13 +488,15 @@ class RayLauncher(Launcher):
         self._actors += ranks
         t0 = time.perf_counter()
         master = ray.get(ranks[0].address.remote(self.bind))
-        for r, placement in enumerate(ray.get([rank.placement.remote() for rank in ranks])):
+        placements = ray.get([rank.placement.remote() for rank in ranks])
+        for r, placement in enumerate(placements):
             self._log_placement(f"trainer rank {r}", placement, f"process group store at {master[0]}:{master[1]}" if r == 0 else "")
-        setup = [r.setup.remote(master, self.model, trainer_cfg, temperature, total_steps, self.mesh_shape) for r in ranks]
+        timeout = self.allocation.rank_timeout_s
+        setup = [r.setup.remote(master, self.model, trainer_cfg, temperature, total_steps, self.mesh_shape, timeout) for r in ranks]
         params = ray.get(setup)
         self.log(f"ray launcher: {n} trainer rank(s) ready in {time.perf_counter() - t0:.1f}s "
                  f"(process group at {master[0]}:{master[1]})")  # fmt: skip
-        return RayTrainerGroup(ranks, params[0])
+        return RayTrainerGroup(ranks, params[0], timeout_s=timeout, nodes=[p["node"] for p in placements])
 
     # ---- the end
 

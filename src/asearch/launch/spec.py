@@ -63,6 +63,13 @@ class Allocation(Config):
         "within a node, replicated across nodes; every node must hold the same number of ranks), auto (hybrid "
         "when the ranks span more than one node and every node holds the same number, else shard).",
     )
+    rank_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        description="launcher=ray: how long one call on the trainer ranks (a train step, a save, a weight push) may "
+        "take; a rank that has not answered by then, or that failed, stops the run with an error naming it and its "
+        "node (the last checkpoint resumes it). Also the ranks' collective timeout (init_process_group).",
+    )
     env: dict[str, str] = Field(
         default_factory=dict,
         description="launcher=ray: environment variables set in every actor (and its server process), on top "

@@ -18,6 +18,7 @@ runs a zero-loss stand-in, because every forward and backward joins collectives)
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import time
 from collections.abc import Sequence
@@ -53,14 +54,17 @@ class DistEnv:
         return self.rank == 0
 
 
-def init_distributed(backend: str | None = None, store: dist.Store | None = None) -> DistEnv:
+def init_distributed(
+    backend: str | None = None, store: dist.Store | None = None, timeout_s: float | None = None
+) -> DistEnv:
     """Join (or create) the default process group from torchrun's environment variables.
 
     RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; without them, a group of one process on a
     free local port. `store`: the rendezvous store (rank 0's, listening since its port was chosen, or a client
     of it), used instead of MASTER_ADDR/MASTER_PORT; every rank must pass one or none. Backend: NCCL when CUDA is
     available (one GPU per process, cuda:LOCAL_RANK; a process that sees a single GPU, as a Ray actor with its own
-    CUDA_VISIBLE_DEVICES does, uses cuda:0), else gloo on CPU.
+    CUDA_VISIBLE_DEVICES does, uses cuda:0), else gloo on CPU. `timeout_s`: how long a collective may wait for
+    its peers before it fails (torch's default when None).
     """
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -83,6 +87,8 @@ def init_distributed(backend: str | None = None, store: dist.Store | None = None
         device = torch.device("cpu")
     if not dist.is_initialized():
         rendezvous: dict[str, Any] = {"store": store} if store is not None else {"init_method": "env://"}
+        if timeout_s is not None:
+            rendezvous["timeout"] = datetime.timedelta(seconds=timeout_s)
         dist.init_process_group(backend, rank=rank, world_size=world_size, **rendezvous)
     return DistEnv(rank, world_size, local_rank, device)
 

@@ -103,7 +103,7 @@ def _weight_group_module() -> Any:
         import asearch_weight_group  # in vLLM's worker: this folder is on PYTHONPATH
 
         return asearch_weight_group
-    except ImportError:  # imported as part of asearch
-        from asearch.engine.vllm_ext import asearch_weight_group
+    except ImportError:  # imported as part of the asearch package: its sibling module
+        from . import asearch_weight_group
 
         return asearch_weight_group
