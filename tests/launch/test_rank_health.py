@@ -34,13 +34,17 @@ class _Rank:
 
 @pytest.fixture(scope="module")
 def local_ray():
+    """A one-node cluster of this process (as tests/launch/test_placement.py starts one), shut down at the end."""
     here = str(Path(__file__).parent)  # the workers import this module for `_Rank`
     path = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
-    try:
-        yield
-    finally:
-        ray.shutdown()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAY_AUTH_MODE", "disabled")
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="warning",
+                 runtime_env={"env_vars": {"PYTHONPATH": path}})  # fmt: skip
+        try:
+            yield
+        finally:
+            ray.shutdown()
 
 
 def _group(local_ray, *behaviours: str, timeout_s: float) -> tuple[RayTrainerGroup, list]:

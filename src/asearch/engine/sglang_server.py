@@ -23,8 +23,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from asearch.config import Config
-from asearch.engine.registry import register_engine
-from asearch.engine.sglang import SGLangEngineConfig, build_sglang
+from asearch.engine.registry import EngineConfig, register_engine
+from asearch.engine.sglang import SGLangEngine, SGLangEngineConfig, build_sglang
 from asearch.engine.supervisor import ServerSupervisor, SupervisorConfig
 from asearch.engine.vllm import server_gpus
 from asearch.errors import LaunchError
@@ -147,12 +147,14 @@ def serve_sglang_server(
     return sup, f"http://{host}:{port}"
 
 
-# The client is SGLangEngine, built as for kind sglang: only who starts the servers differs.
-register_engine(
+@register_engine(
     "sglang-server",
     options=SGLangEngineConfig,
     needs_url=True,
     rollouts=True,
     serve=serve_sglang_server,
     summary="a real SGLang server a launcher starts (python -m sglang.launch_server; GPU), SGLang's native API",
-)(build_sglang)
+)
+def build_sglang_server(cfg: EngineConfig, **context: Any) -> SGLangEngine:
+    """The client is the one of kind sglang: only who starts the servers differs."""
+    return build_sglang(cfg, **context)
