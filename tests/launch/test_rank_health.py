@@ -3,6 +3,7 @@ driver waiting forever (a dead rank leaves its peers blocked in a collective). R
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -47,42 +48,35 @@ def local_ray():
             ray.shutdown()
 
 
-def _group(local_ray, *behaviours: str, timeout_s: float) -> tuple[RayTrainerGroup, list]:
+@contextlib.contextmanager
+def _group(*behaviours: str, timeout_s: float):
+    """A RayTrainerGroup over started `_Rank` actors (one per behaviour), killed at the end."""
     actor = ray.remote(num_cpus=0)(_Rank)
     ranks = [actor.remote(b) for b in behaviours]
-    ray.get([r.ping.remote() for r in ranks], timeout=120)  # started: the timeout below is the call's alone
-    nodes = [f"10.213.0.{k + 1}" for k in range(len(ranks))]
-    return RayTrainerGroup(ranks, 0, timeout_s=timeout_s, nodes=nodes), ranks
+    try:
+        ray.get([r.ping.remote() for r in ranks], timeout=120)  # started: the timeout below is the call's alone
+        yield RayTrainerGroup(ranks, 0, timeout_s=timeout_s, nodes=[f"10.213.0.{k + 1}" for k in range(len(ranks))])
+    finally:
+        for r in ranks:
+            ray.kill(r)
 
 
 def test_answers_come_back_from_every_rank(local_ray) -> None:
-    group, ranks = _group(local_ray, "ok", "ok", timeout_s=60)
-    try:
+    with _group("ok", "ok", timeout_s=60) as group:
         assert group.train_step([], policy_version=3) == {"loss/policy": 3.0}
-    finally:
-        for r in ranks:
-            ray.kill(r)
 
 
 def test_a_rank_that_stops_answering_is_named_after_the_timeout(local_ray) -> None:
-    group, ranks = _group(local_ray, "ok", "hang", timeout_s=3)
-    t0 = time.monotonic()
-    try:
+    with _group("ok", "hang", timeout_s=3) as group:
+        t0 = time.monotonic()
         with pytest.raises(TrainerRankError, match=r"rank\(s\) 1 \(node 10\.213\.0\.2\) did not answer train_step within 3s"):
             group.train_step([], policy_version=0)
         assert time.monotonic() - t0 < 30
-    finally:
-        for r in ranks:
-            ray.kill(r)
 
 
 def test_a_failing_rank_is_named_at_once_while_its_peer_waits(local_ray) -> None:
-    group, ranks = _group(local_ray, "hang", "fail", timeout_s=60)
-    t0 = time.monotonic()
-    try:
+    with _group("hang", "fail", timeout_s=60) as group:
+        t0 = time.monotonic()
         with pytest.raises(TrainerRankError, match=r"trainer rank 1 \(node 10\.213\.0\.2\) failed in train_step: ValueError: NCCL error"):
             group.train_step([], policy_version=0)
         assert time.monotonic() - t0 < 30  # not the hanging rank 0's 120 s, nor the 60 s timeout
-    finally:
-        for r in ranks:
-            ray.kill(r)
