@@ -64,6 +64,40 @@ def train_command() -> Callable[..., list[str]]:
 
 
 @pytest.fixture(scope="session")
+def run_ranks() -> Callable[[Path, Path, int], float]:
+    """`run_ranks(script, arg, world)`: `python script arg` as `world` gloo ranks with torchrun's variables, on
+    the CPU even on a GPU machine; every rank must exit 0 (its log tail otherwise). Returns the seconds taken."""
+
+    def run(script: Path, arg: Path, world: int) -> float:
+        import subprocess
+        import time
+
+        from asearch.net import free_port
+
+        port, start = str(free_port()), time.monotonic()
+        procs = [
+            subprocess.Popen(
+                [sys.executable, str(script), str(arg)],
+                env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world),
+                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""},
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+            for r in range(world)
+        ]
+        try:
+            logs = [p.communicate(timeout=400)[0].decode(errors="replace") for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        for rank, (p, log) in enumerate(zip(procs, logs, strict=True)):
+            assert p.returncode == 0, f"rank {rank} exited {p.returncode}:\n{log[-4000:]}"
+        return time.monotonic() - start
+
+    return run
+
+
+@pytest.fixture(scope="session")
 def subprocess_env() -> dict[str, str]:
     """The environment for the asearch subprocesses of a test: one torch thread each, no hub."""
     return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}

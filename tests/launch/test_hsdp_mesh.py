@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,10 +41,8 @@ def _worker(tmp: Path) -> None:
 
 
 @pytest.mark.slow
-def test_hsdp_mesh_equals_one_process(tmp_path, tiny_world_model_dir) -> None:
+def test_hsdp_mesh_equals_one_process(tmp_path, tiny_world_model_dir, run_ranks) -> None:
     from asearch.models.loading import load_model
-    from asearch.net import free_port
-
     model = load_model(str(tiny_world_model_dir))
     g = torch.Generator().manual_seed(0)
     samples = []
@@ -55,24 +52,8 @@ def test_hsdp_mesh_equals_one_process(tmp_path, tiny_world_model_dir) -> None:
     (tmp_path / "samples.json").write_text(json.dumps([s.__dict__ for s in samples]))
     os.symlink(tiny_world_model_dir, tmp_path / "model")
 
-    port, t0 = str(free_port()), time.monotonic()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, str(tmp_path)],
-            env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1",
-                 "MASTER_PORT": port, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""},  # fmt: skip
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        for r in range(WORLD)
-    ]
-    try:
-        logs = [p.communicate(timeout=400)[0].decode(errors="replace") for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for r, (p, log) in enumerate(zip(procs, logs, strict=True)):
-        assert p.returncode == 0, f"rank {r}:\n{log[-4000:]}"
+    t0 = time.monotonic()
+    run_ranks(Path(__file__), tmp_path, WORLD)
     got = torch.load(tmp_path / "hsdp.pt", weights_only=False)
     print(f"\n[hsdp] 4 gloo ranks, mesh {got['mesh']} {got['names']}: {time.monotonic() - t0:.1f}s")
     assert got["mesh"] == MESH and got["names"] == ("replicate", "shard")

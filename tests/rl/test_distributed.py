@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -121,45 +118,9 @@ def setup(tmp_path_factory, tiny_policy):
     return tmp, model, samples
 
 
-def _launch(tmp: Path) -> float:
-    from asearch.net import free_port
-
-    port = str(free_port())
-    procs = []
-    start = time.monotonic()
-    for rank in range(WORLD):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(WORLD),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port,
-            "OMP_NUM_THREADS": "1",
-            "CUDA_VISIBLE_DEVICES": "",  # gloo on CPU even on a GPU machine
-        }
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, __file__, str(tmp)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-            )
-        )
-    try:
-        logs = [p.communicate(timeout=400)[0].decode(errors="replace") for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for rank, (p, log) in enumerate(zip(procs, logs, strict=True)):
-        assert p.returncode == 0, f"rank {rank} exited {p.returncode}:\n{log[-4000:]}"
-    return time.monotonic() - start
-
-
-def test_two_ranks_equal_one_process(setup) -> None:
+def test_two_ranks_equal_one_process(setup, run_ranks) -> None:
     tmp, model, samples = setup
-    took = _launch(tmp)
+    took = run_ranks(Path(__file__), tmp, WORLD)
     dist_out = torch.load(tmp / "dist.pt", weights_only=False)
     print(
         f"\n[dist] 2 gloo ranks: {took:.1f}s (process start included); {dist_out['noops']:.0f} stand-in micro-batches"
