@@ -1,8 +1,10 @@
-"""Named parts that register themselves: tools, engine kinds, launchers (one `Registry` each).
+"""Named parts that register themselves, one `Registry` each: tools, engine kinds, launchers, agent styles,
+advantage estimators, loss corrections, search methods, web search providers and readers, synth backends.
 
     LAUNCHERS = Registry("launcher", "asearch.launch")
     LAUNCHERS.add("slurm", SlurmLauncher, origin=SlurmLauncher)    # what @register_launcher does
     LAUNCHERS.get("slurm")          # imports every module of asearch.launch first, once
+    launcher: LAUNCHERS.name_type() = "local"   # a config field: any registered name, checked on validation
 
 A new part is one new module in the registry's package: every module is imported on the first lookup,
 so its registration runs without being listed anywhere. Lookups of unknown names raise a ConfigError
@@ -17,7 +19,10 @@ import importlib
 import importlib.util
 import pkgutil
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Annotated, Any, Generic, TypeVar
+
+from pydantic import AfterValidator
+from pydantic_core import PydanticCustomError
 
 from asearch.errors import ConfigError
 
@@ -25,6 +30,8 @@ T = TypeVar("T")
 
 
 def _qualified(origin: object) -> str:
+    if isinstance(origin, str):  # an entry that is a value (a style), named by its module and name
+        return origin
     return f"{getattr(origin, '__module__', '?')}.{getattr(origin, '__qualname__', repr(origin))}"
 
 
@@ -87,6 +94,29 @@ class Registry(Generic[T]):
     def find(self, name: str) -> T | None:
         self.discover()
         return self._entries.get(name)
+
+    def __getitem__(self, name: str) -> T:
+        return self.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.find(name) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self.names())
+
+    def check(self, name: str) -> str:
+        """`name` if it is registered; else a pydantic error with `unknown`'s message (for config fields)."""
+        if self.find(name) is None:
+            raise PydanticCustomError("registry_name", self.unknown(name))
+        return name
+
+    def name_type(self) -> Any:
+        """The type of a config field naming an entry: a `str` checked against the registry on validation, so
+        a part registered by a new module is accepted with no edit to the config class."""
+        return Annotated[str, AfterValidator(self.check)]
 
     def get(self, name: str) -> T:
         """The entry registered as `name`; a ConfigError naming the nearest one if there is none."""

@@ -130,8 +130,10 @@ def test_bands_must_be_ordered_and_corrections_known():
         LossConfig(correction="token_mask", mask_low=2.0, mask_high=1.0)
     with pytest.raises(ValueError, match="seq_mask_low must be below seq_mask_high"):
         LossConfig(seq_mask_low=3.0)
-    with pytest.raises(ValueError, match="decoupled.*tis.*token_mask.*seq_mask"):
+    with pytest.raises(ValueError, match=r"unknown loss correction 'ppo' \(registered: decoupled, seq_mask, tis, token_mask\)"):
         LossConfig(correction="ppo")
+    with pytest.raises(ValueError, match="did you mean 'tis'"):
+        LossConfig(correction="tiss")
 
 
 # ---------------------------------------------------------------------------- the staleness lab

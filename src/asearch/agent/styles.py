@@ -1,9 +1,13 @@
 """Agent styles: a prompt and a context policy per style, as config (asearcher, reasoning, guided,
 search-r1). A style's system prompt lists the agent's tools through placeholders filled from the tools
-themselves (`render_system_prompt`), so a new tool shows up in every prompt that lists tools."""
+themselves (`render_system_prompt`), so a new tool shows up in every prompt that lists tools.
+
+A new style is one module of `asearch.agent` that calls `register_style(AgentStyle(name=..., ...))`; it is
+found on the first lookup (`agent.style=<name>`) without being listed anywhere."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -11,7 +15,7 @@ from pydantic import Field
 
 from asearch.agent.parsing import ANSWER
 from asearch.config import Config
-from asearch.errors import ConfigError
+from asearch.registry import Registry
 from asearch.tools import Tool, tool_argument_hint
 
 _COUNT_WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
@@ -136,18 +140,28 @@ Hamlet is a tragedy written by William Shakespeare.
 </information>
 <answer>William Shakespeare</answer>"""
 
-STYLES: dict[str, AgentStyle] = {
-    # as ASearcher: a page chunk is cut to its first 100 characters once summarised
-    "asearcher": AgentStyle(name="asearcher", system_prompt=_ASEARCHER_SYSTEM, compact_read_blocks=100),
-    "reasoning": AgentStyle(
-        name="reasoning",
-        system_prompt=_REASONING_SYSTEM,
-        history="summaries",
-        force_answer_after=32,
-    ),
-    # Small instruct models (e.g. SmolLM2-135M) cannot drive the tag protocol themselves: the loop opens
-    # each act turn for them (first a search, then the answer); the query and the answer are the model's.
-    "guided": AgentStyle(
+STYLES: Registry[AgentStyle] = Registry("agent style", "asearch.agent", wants=lambda source: "register_style(" in source)
+
+
+def register_style(style: AgentStyle) -> AgentStyle:
+    """Make `style` the one `agent.style=<style.name>` picks; a second style under a taken name is an error."""
+    module = sys._getframe(1).f_globals.get("__name__", "?")  # the registering module: a re-import is quiet
+    STYLES.add(style.name, style, origin=f"{module}.{style.name}")
+    return style
+
+
+def get_style(name: str) -> AgentStyle:
+    """The style registered as `name`; a ConfigError naming the nearest one if there is none."""
+    return STYLES.get(name)
+
+
+# as ASearcher: a page chunk is cut to its first 100 characters once summarised
+register_style(AgentStyle(name="asearcher", system_prompt=_ASEARCHER_SYSTEM, compact_read_blocks=100))
+register_style(AgentStyle(name="reasoning", system_prompt=_REASONING_SYSTEM, history="summaries", force_answer_after=32))
+# Small instruct models (e.g. SmolLM2-135M) cannot drive the tag protocol themselves: the loop opens
+# each act turn for them (first a search, then the answer); the query and the answer are the model's.
+register_style(
+    AgentStyle(
         name="guided",
         system_prompt=_GUIDED_SYSTEM,
         actions=("search", "answer"),
@@ -155,18 +169,8 @@ STYLES: dict[str, AgentStyle] = {
         act_prefixes=("<search>", "<answer>"),
         act_max_new_tokens=48,
         close_opened_actions=True,
-    ),
-    "search-r1": AgentStyle(
-        name="search-r1",
-        system_prompt=_SEARCH_R1_SYSTEM,
-        actions=("search", "answer"),
-        reading_turns=False,
-    ),
-}
-
-
-def get_style(name: str) -> AgentStyle:
-    try:
-        return STYLES[name]
-    except KeyError:
-        raise ConfigError(f"unknown agent style {name!r}; choose one of {', '.join(STYLES)}") from None
+    )
+)
+register_style(
+    AgentStyle(name="search-r1", system_prompt=_SEARCH_R1_SYSTEM, actions=("search", "answer"), reading_turns=False)
+)

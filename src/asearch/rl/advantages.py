@@ -2,7 +2,8 @@
 
 Each group is the n samples of one question; the advantage of a sample is broadcast to all its tokens
 (no critic: GAE with gamma = lambda = 1 reduces to the sequence reward). A new estimator is one
-function `(shaped rewards (G, n), cfg) -> advantages (G, n)` added to `ESTIMATORS`.
+function `(shaped rewards (G, n), cfg) -> advantages (G, n)` under `@register_estimator("name")`, in this
+file or a new module of `asearch.rl` (found on the first lookup).
 """
 
 from __future__ import annotations
@@ -10,31 +11,40 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from pydantic import field_validator
 
 from asearch.config import Config
+from asearch.registry import Registry
+
+Estimator = Callable[[torch.Tensor, "AdvantageConfig"], torch.Tensor]
+ESTIMATORS: Registry[Estimator] = Registry(
+    "advantage estimator", "asearch.rl", wants=lambda source: "@register_estimator(" in source
+)
+
+
+def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
+    """Make the decorated function the estimator `advantages.estimator=<name>` picks."""
+
+    def add(fn: Estimator) -> Estimator:
+        ESTIMATORS.add(name, fn, origin=fn)
+        return fn
+
+    return add
 
 
 class AdvantageConfig(Config):
-    estimator: str = "grpo"  # a key of ESTIMATORS
+    estimator: ESTIMATORS.name_type() = "grpo"  # a registered estimator
     reward_bias: float = 0.0  # r' = (r + bias) * scale, then clipped to [-clip, clip]
     reward_scale: float = 1.0
     reward_clip: float = 20.0
     std_normalize: bool = True  # grpo: divide by the group std (Dr.GRPO argues for False)
     eps: float = 1e-6
 
-    @field_validator("estimator")
-    @classmethod
-    def _known_estimator(cls, name: str) -> str:
-        if name not in ESTIMATORS:
-            raise ValueError(f"unknown advantage estimator {name!r}; choose one of {', '.join(ESTIMATORS)}")
-        return name
-
 
 def shape_rewards(rewards: torch.Tensor, cfg: AdvantageConfig) -> torch.Tensor:
     return ((rewards + cfg.reward_bias) * cfg.reward_scale).clamp(-cfg.reward_clip, cfg.reward_clip)
 
 
+@register_estimator("grpo")
 def grpo_advantages(r: torch.Tensor, cfg: AdvantageConfig) -> torch.Tensor:
     """A_i = (r_i - mean(r)) / (std(r) + eps), the std term only with `std_normalize`."""
     adv = r - r.mean(dim=1, keepdim=True)
@@ -43,6 +53,7 @@ def grpo_advantages(r: torch.Tensor, cfg: AdvantageConfig) -> torch.Tensor:
     return adv
 
 
+@register_estimator("rloo")
 def rloo_advantages(r: torch.Tensor, cfg: AdvantageConfig) -> torch.Tensor:
     """A_i = r_i - mean_{j != i}(r_j): the baseline is the mean of the other n-1 samples."""
     n = r.shape[1]
@@ -51,15 +62,9 @@ def rloo_advantages(r: torch.Tensor, cfg: AdvantageConfig) -> torch.Tensor:
     return r - baseline
 
 
-ESTIMATORS: dict[str, Callable[[torch.Tensor, AdvantageConfig], torch.Tensor]] = {
-    "grpo": grpo_advantages,
-    "rloo": rloo_advantages,
-}
-
-
 def group_advantages(rewards: torch.Tensor, cfg: AdvantageConfig) -> torch.Tensor:
     """rewards: (G, n) for G groups of n samples -> advantages (G, n)."""
-    return ESTIMATORS[cfg.estimator](shape_rewards(rewards, cfg), cfg)
+    return ESTIMATORS.get(cfg.estimator)(shape_rewards(rewards, cfg), cfg)
 
 
 def is_degenerate(rewards: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ weighted and masked by how far behaviour is from it.
         N = the generated tokens, counted before any masking, so masking shrinks the loss
 Every token weighs the same there, so an episode weighs by its length; `loss.aggregation: episode` rescales
 each episode's advantage (`episode_weights`) so that every episode weighs the same instead.
-The corrections (`loss.correction`, one function each in `CORRECTIONS`):
+The corrections (`loss.correction`, one `@register_correction` function each in `CORRECTIONS`):
     decoupled   c = w,           keep: w <= cap                   (AReaL's; the default)
     tis         c = min(w, C),   keep: every token                (truncated importance sampling)
     token_mask  c = w,           keep: lo <= w <= hi              (IcePop-style band per token)
@@ -24,6 +24,23 @@ import torch
 from pydantic import Field, model_validator
 
 from asearch.config import Config
+from asearch.registry import Registry
+
+# -- the corrections: (w, loss mask (rows, T) float, cfg) -> (weight c, keep 0/1 float). Rows are sequences
+#    (the trainer pads one sample per row), which `seq_mask` reads; the others act per token.
+WeightAndKeep = tuple[torch.Tensor, torch.Tensor]
+Correction = Callable[[torch.Tensor, torch.Tensor, "LossConfig"], WeightAndKeep]
+CORRECTIONS: Registry[Correction] = Registry("loss correction", "asearch.rl", wants=lambda s: "@register_correction(" in s)
+
+
+def register_correction(name: str) -> Callable[[Correction], Correction]:
+    """Make the decorated function the correction `loss.correction=<name>` picks."""
+
+    def add(fn: Correction) -> Correction:
+        CORRECTIONS.add(name, fn, origin=fn)
+        return fn
+
+    return add
 
 
 class LossConfig(Config):
@@ -35,7 +52,7 @@ class LossConfig(Config):
         0.0, ge=0, description="k3 KL penalty against the policy the run started from (the trainer keeps a "
         "frozen copy; with LoRA it switches the adapters off instead); 0: off, no reference kept."
     )
-    correction: Literal["decoupled", "tis", "token_mask", "seq_mask"] = Field(
+    correction: CORRECTIONS.name_type() = Field(
         "decoupled",
         description="Off-policy correction by w = pi_prox / pi_behav. decoupled: weight w, mask tokens with w above "
         "behav_weight_cap. tis: weight min(w, tis_cap), nothing masked. token_mask: weight w, mask tokens with w "
@@ -70,12 +87,7 @@ class LossConfig(Config):
         return self
 
 
-# -- the corrections: (w, loss mask (rows, T) float, cfg) -> (weight c, keep 0/1 float). Rows are sequences
-#    (the trainer pads one sample per row), which `seq_mask` reads; the others act per token.
-WeightAndKeep = tuple[torch.Tensor, torch.Tensor]
-Correction = Callable[[torch.Tensor, torch.Tensor, LossConfig], WeightAndKeep]
-
-
+@register_correction("decoupled")
 def decoupled_correction(w: torch.Tensor, mask: torch.Tensor, cfg: LossConfig) -> WeightAndKeep:
     """c_t = w_t; keep_t = [w_t <= cap]: a token too far off-policy is dropped rather than trusted."""
     if cfg.behav_weight_cap is None:
@@ -84,12 +96,14 @@ def decoupled_correction(w: torch.Tensor, mask: torch.Tensor, cfg: LossConfig) -
     return w, mask * (~over_cap).float()
 
 
+@register_correction("tis")
 def tis_correction(w: torch.Tensor, mask: torch.Tensor, cfg: LossConfig) -> WeightAndKeep:
     """c_t = min(w_t, C); keep_t = 1: every token trains, and none weighs more than C (a biased, bounded
     variance estimate instead of an unbiased, unbounded one)."""
     return w.clamp(max=cfg.tis_cap), mask
 
 
+@register_correction("token_mask")
 def token_mask_correction(w: torch.Tensor, mask: torch.Tensor, cfg: LossConfig) -> WeightAndKeep:
     """c_t = w_t; keep_t = [lo <= w_t <= hi]: tokens the proximal policy finds much less likely than the
     sampler did (w_t < lo) are dropped as well as the ones it finds much more likely."""
@@ -97,6 +111,7 @@ def token_mask_correction(w: torch.Tensor, mask: torch.Tensor, cfg: LossConfig) 
     return w, mask * in_band.float()
 
 
+@register_correction("seq_mask")
 def seq_mask_correction(w: torch.Tensor, mask: torch.Tensor, cfg: LossConfig) -> WeightAndKeep:
     """c_t = w_t; keep_t = [lo <= rho <= hi] for every token of the row, with
         log rho = sum_t m_t log w_t / sum_t m_t   (geometric)   or   sum_t m_t log w_t   (product)
@@ -108,14 +123,6 @@ def seq_mask_correction(w: torch.Tensor, mask: torch.Tensor, cfg: LossConfig) ->
     rho = torch.exp(log_rho)
     in_band = (rho >= cfg.seq_mask_low) & (rho <= cfg.seq_mask_high)
     return w, mask * in_band.float()
-
-
-CORRECTIONS: dict[str, Correction] = {
-    "decoupled": decoupled_correction,
-    "tis": tis_correction,
-    "token_mask": token_mask_correction,
-    "seq_mask": seq_mask_correction,
-}
 
 
 def episode_weights(episode_tokens: Sequence[int]) -> list[float]:
