@@ -16,6 +16,7 @@ from asearch.corpus.types import Page
 from asearch.errors import RemoteError
 from asearch.web.api import ApiClient, api_key_from_env
 from asearch.web.cache import normalize_url_key
+from asearch.web.registry import register_reader
 from asearch.web.resilience import ResilienceConfig
 from asearch.web.runtime import WebRuntime
 from asearch.web.ssrf import SsrfBlocked, UrlPolicy, check_url
@@ -44,6 +45,7 @@ class JinaConfig(Config):
     )
 
 
+@register_reader("jina", options=JinaConfig)
 class JinaReaderBackend:
     """Pages through a Jina-style reader; plugs into `AccessTool(JinaReaderBackend(...))`."""
 

@@ -12,6 +12,7 @@ from pydantic import Field
 from asearch.config import Config
 from asearch.errors import RemoteError
 from asearch.web.api import ApiClient, api_key_from_env
+from asearch.web.registry import register_search_provider
 from asearch.web.resilience import ResilienceConfig
 from asearch.web.runtime import CachedSearchBackend, WebRuntime
 
@@ -35,6 +36,7 @@ class SearxngConfig(Config):
     )
 
 
+@register_search_provider("searxng", options=SearxngConfig)
 class SearxngBackend(CachedSearchBackend):
     """Web search through a SearXNG instance; plugs into `SearchTool(SearxngBackend(...))`. SearXNG has no
     result-count parameter (about 20 per page), so the top `topk` of the first page are kept."""

@@ -11,6 +11,7 @@ from pydantic import Field
 from asearch.config import Config
 from asearch.errors import RemoteError
 from asearch.web.api import ApiClient, api_key_from_env
+from asearch.web.registry import register_search_provider
 from asearch.web.resilience import ResilienceConfig
 from asearch.web.runtime import CachedSearchBackend, WebRuntime
 
@@ -33,6 +34,7 @@ class SerperConfig(Config):
     )
 
 
+@register_search_provider("serper", options=SerperConfig)
 class SerperBackend(CachedSearchBackend):
     """Web search through a Serper-style API; plugs into `SearchTool(SerperBackend(...))`."""
 

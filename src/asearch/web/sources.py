@@ -3,7 +3,8 @@ of a run, and `open_web(cfg)` that wires search, reader, cache and costs togethe
 
 The backends plug into the same `SearchTool` / `AccessTool` as local corpora (`asearch.tools.build_tools`
 with `tools.web` set), so rendering and page chunking are shared; failures reach the agent as
-observations through `run_tool`.
+observations through `run_tool`. Providers and readers come from `asearch.web.registry`: `WebConfig` has a
+section for each one registered (`tools.web.serper`, `tools.web.fetch`, ...).
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field
+from pydantic import Field, create_model
 
 from asearch.config import Config
 from asearch.corpus.types import Page
@@ -21,13 +22,12 @@ from asearch.web.cache import CacheConfig, WebCache, normalize_url_key
 from asearch.web.cost import CostConfig, CostMeter
 from asearch.web.extract import extract_text
 from asearch.web.fetch import FetchConfig, PageGone, SafeFetcher
-from asearch.web.jina import JinaConfig, JinaReaderBackend
+from asearch.web.registry import READERS, SEARCH_PROVIDERS, register_reader
 from asearch.web.runtime import WebRuntime
-from asearch.web.searxng import SearxngBackend, SearxngConfig
-from asearch.web.serper import SerperBackend, SerperConfig
 from asearch.web.ssrf import Resolver, SsrfBlocked, check_url
 
 
+@register_reader("direct", options=FetchConfig, section="fetch")
 class WebPageBackend:
     """Pages fetched directly (behind the SSRF guard) and turned into text (HTML via trafilatura, PDF via
     pypdf); plugs into `AccessTool(WebPageBackend(...))`. A 404/410 is cached as such, so a cache-only
@@ -84,25 +84,16 @@ class WebPageBackend:
         return f"WebPageBackend(allow_private={self.config.guard.allow_private})"
 
 
-class WebConfig(Config):
+class WebSettings(Config):
     """The web tools of a run: which search API and reader, and how they cache, cost and fail."""
 
-    search: Literal["serper", "searxng"] = Field("serper", description="Search provider behind `search`.")
-    reader: Literal["direct", "jina"] = Field(
+    search: SEARCH_PROVIDERS.name_type() = Field(
+        "serper", description="Search provider behind `search` (serper, searxng or any registered one)."
+    )
+    reader: READERS.name_type() = Field(
         "direct",
-        description="How `access` reads pages: fetch them ourselves, or through a Jina-style reader.",
-    )
-    serper: SerperConfig = Field(
-        default_factory=SerperConfig, description="The Serper API (used when search=serper)."
-    )
-    searxng: SearxngConfig = Field(
-        default_factory=SearxngConfig, description="The SearXNG instance (used when search=searxng)."
-    )
-    jina: JinaConfig = Field(
-        default_factory=JinaConfig, description="The Jina reader (used when reader=jina)."
-    )
-    fetch: FetchConfig = Field(
-        default_factory=FetchConfig, description="The direct reader (used when reader=direct)."
+        description="How `access` reads pages: fetch them ourselves (direct), through a Jina-style reader (jina), "
+        "or any registered reader.",
     )
     cache: CacheConfig = Field(
         default_factory=CacheConfig,
@@ -112,14 +103,36 @@ class WebConfig(Config):
         default_factory=CostConfig, description="Prices per call and the run's budget cap."
     )
 
+    def options(self, section: str) -> Config:
+        """The options of the provider or reader whose section is `section` (e.g. `serper`, `fetch`)."""
+        return getattr(self, section)
+
+
+def _web_config_model() -> type[WebSettings]:
+    """WebSettings plus one section per registered search provider and reader (`serper`, `fetch`, ...)."""
+    parts = [*((p, "search") for _, p in SEARCH_PROVIDERS.items()), *((p, "reader") for _, p in READERS.items())]
+    sections: dict[str, Any] = {
+        part.section: (
+            part.options,
+            Field(default_factory=part.options, description=f"The {part.name} {role} (used when {role}={part.name})."),
+        )
+        for part, role in parts
+    }
+    return create_model(  # type: ignore[call-overload, no-any-return]
+        "WebConfig", __base__=WebSettings, __module__=__name__, __doc__=WebSettings.__doc__, **sections
+    )
+
+
+WebConfig = _web_config_model()
+
 
 @dataclass
 class WebSources:
     """The backends behind web `search` (`search`) and `access` (`pages`), the shared `runtime` whose
     `metrics()` go into a run's metrics, and what `aclose` closes."""
 
-    search: SerperBackend | SearxngBackend
-    pages: WebPageBackend | JinaReaderBackend
+    search: Any  # a registered search provider's backend: async search(queries, topk)
+    pages: Any  # a registered reader's backend: async access(urls)
     runtime: WebRuntime
     backends: list[Any] = field(default_factory=list)
 
@@ -132,20 +145,13 @@ class WebSources:
         self.runtime.close()
 
 
-def open_web(cfg: WebConfig | None = None, *, resolver: Resolver | None = None) -> WebSources:
+def open_web(cfg: WebSettings | None = None, *, resolver: Resolver | None = None) -> WebSources:
     """Search and page backends over the web as configured, sharing one cache and cost meter. Raises
     ConfigError when a needed API key is missing from the environment (unless the cache is in
     cache_only mode)."""
     cfg = cfg or WebConfig()
     runtime = WebRuntime(WebCache.from_config(cfg.cache), CostMeter(cfg.cost))
-    searcher: SerperBackend | SearxngBackend = (
-        SerperBackend(cfg.serper, runtime=runtime)
-        if cfg.search == "serper"
-        else SearxngBackend(cfg.searxng, runtime=runtime)
-    )
-    reader: WebPageBackend | JinaReaderBackend = (
-        WebPageBackend(cfg.fetch, runtime=runtime, resolver=resolver)
-        if cfg.reader == "direct"
-        else JinaReaderBackend(cfg.jina, runtime=runtime)
-    )
+    search, read = SEARCH_PROVIDERS.get(cfg.search), READERS.get(cfg.reader)
+    searcher = search.build(cfg.options(search.section), runtime=runtime, resolver=resolver)
+    reader = read.build(cfg.options(read.section), runtime=runtime, resolver=resolver)
     return WebSources(search=searcher, pages=reader, runtime=runtime, backends=[searcher, reader])
