@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from asearch.config import Config, apply_overrides, dump_config, load_config
 from asearch.errors import ConfigError
@@ -121,3 +121,34 @@ def test_a_whole_value_model_replaces_its_default_instead_of_merging(tmp_path):
     assert cfg.inner == Inner(k1=9.0, method="dense")  # an ordinary model still merges
     assert load_config(WithWholeValue, None, ["span.hi=3"]).span == Span(hi=3.0)
     assert load_config(WithWholeValue).span == Span(lo=1.0)
+
+
+class Renamed(Config):
+    """A model whose validator refuses an old key name for the whole section, as TrainConfig does."""
+
+    trainer_threads: int = 1
+    inner: Inner = Inner()
+    notes: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _threads_renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "threads" in data:
+            raise ValueError("`threads` is now `trainer_threads`")
+        return data
+
+
+def test_a_renamed_key_error_names_key_file_line_and_nearest_without_the_config(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("notes: " + "long text " * 40 + "\ninner:\n  k1: 0.5\nthreads: 2\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(Renamed, p)
+    msg = str(e.value)
+    assert f"key 'threads' at {p}:4, nearest valid key 'trainer_threads'" in msg, msg
+    assert "long text" not in msg and "k1" not in msg and len(msg.replace(str(p), "F")) < 150, msg
+
+
+def test_a_long_bad_value_is_shortened(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(Outer, None, ["topk=" + "x" * 300])
+    assert "x" * 80 not in str(e.value) and "x" * 70 + "..." in str(e.value), str(e.value)

@@ -48,6 +48,19 @@ def test_info_counts_match_the_library(small):
     assert info["chunking"]["words"] == 40
 
 
+def test_info_counts_and_names_duplicate_ids(tmp_path, small):
+    assert "duplicate_ids" not in json.loads(runner.invoke(app, ["info", str(small), "--json"]).stdout.splitlines()[-1])
+    path = tmp_path / "dups.jsonl"
+    ids = ["a", "b", "a", "c", "b", "a", "d"]
+    path.write_text("".join(json.dumps({"id": i, "contents": f"doc {n}"}) + "\n" for n, i in enumerate(ids)))
+    res = runner.invoke(app, ["info", str(path), "--json"])
+    info = json.loads(res.stdout.strip().splitlines()[-1])
+    assert info["documents"] == 7 and info["duplicate_ids"] == 3
+    assert info["duplicate_id_examples"] == "'a' (3 times), 'b' (2 times)"
+    table = runner.invoke(app, ["info", str(path)])
+    assert table.exit_code == 0 and "duplicate_ids" in table.output and "index build" in table.output
+
+
 def test_info_rejects_bad_chunking_with_the_value():
     res = runner.invoke(app, ["info", "wiki10k", "--words", "10", "--overlap", "12"])
     assert isinstance(res.exception, ConfigError) and "overlap=12" in str(res.exception)

@@ -1,6 +1,7 @@
 """Assemble a ready agent from config: engine + tokenizer + tools (+ the index they need), and close them.
 
-`ask`, `eval` and `train` all start here, so one YAML shape (`engine`, `tools`, `agent`) drives them all.
+`ask`, `eval` and synthesis measurement start here; `train` builds its own (a trainer, rollout servers) from
+the same YAML sections (`engine`, `tools`, `agent`), so one shape drives them all.
 The tools search a local corpus / index, a retrieval server, or the open web (`tools.web`, see docs/web.md).
 """
 

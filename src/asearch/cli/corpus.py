@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import json
+from array import array
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
+import numpy as np
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from asearch.cli.console import CORPUS_OPTION_HELP, console, corpus_spec, from_options, make_console, progress
 from asearch.corpus import CORPUS_SPEC_HELP, ChunkConfig, ChunkStats, iter_passages, open_corpus, write_jsonl
-from asearch.corpus.types import CorpusSource, Page
+from asearch.corpus.types import CorpusSource, Document, Page
 from asearch.errors import AsearchError, ConfigError
+from asearch.retrieval.store import key_hash
 
 app = typer.Typer(
     help="Inspect, export and browse corpora. The corpus is the first argument or --corpus SPEC, as in "
@@ -55,9 +59,11 @@ def _size_hint(source: CorpusSource) -> int | None:
 
 
 def corpus_info(source: CorpusSource, cfg: ChunkConfig) -> dict[str, Any]:
-    """Counts over one pass of documents (+ chunking) and one pass of pages."""
+    """Counts over one pass of documents (+ chunking) and one pass of pages; a second pass over the documents
+    only when two share an id, to name examples (`index build` refuses such a corpus)."""
     stats = ChunkStats()
-    for _ in _counted(iter_passages(source, cfg, stats), "documents -> passages", None):
+    id_hashes = array("Q")
+    for _ in _counted(iter_passages(_hashing_ids(source.documents(), id_hashes), cfg, stats), "documents -> passages", None):
         pass
     pages = page_chars = 0
     for page in _counted(source.pages(), "pages", _size_hint(source)):
@@ -77,7 +83,34 @@ def corpus_info(source: CorpusSource, cfg: ChunkConfig) -> dict[str, Any]:
     for key in ("license", "attribution"):
         if getattr(source, key, None):
             info[key] = getattr(source, key)
+    info.update(_duplicate_ids(source, id_hashes))
     return info
+
+
+def _hashing_ids(documents: Iterable[Document], into: array[int]) -> Iterator[Document]:
+    """Yield `documents`, appending a 64-bit hash of each id to `into` (8 bytes a document, not a set of ids)."""
+    for doc in documents:
+        into.append(key_hash(doc.id))
+        yield doc
+
+
+def _duplicate_ids(source: CorpusSource, id_hashes: array[int], examples: int = 3) -> dict[str, Any]:
+    """{"duplicate_ids": documents whose id an earlier one has, "duplicate_id_examples": "id (n times), ..."}
+    or {} when every id is unique. Hash matches are confirmed on the ids themselves in a second pass."""
+    hashes = np.frombuffer(id_hashes, dtype=np.uint64)
+    values, counts = np.unique(hashes, return_counts=True)
+    shared = set(values[counts > 1].tolist())
+    if not shared:
+        return {}
+    seen: Counter[str] = Counter(doc.id for doc in source.documents() if key_hash(doc.id) in shared)
+    repeated = {doc_id: n for doc_id, n in seen.items() if n > 1}
+    if not repeated:
+        return {}  # 64-bit hash collisions between distinct ids only
+    shown = ", ".join(f"{doc_id!r} ({n} times)" for doc_id, n in list(repeated.items())[:examples])
+    return {
+        "duplicate_ids": sum(n - 1 for n in repeated.values()),
+        "duplicate_id_examples": shown + (", ..." if len(repeated) > examples else ""),
+    }
 
 
 @app.command()
@@ -101,6 +134,11 @@ def info(
         shown = f"{value:,}" if isinstance(value, int) else str(value)
         table.add_row(f"[bold]{key}[/bold]", escape(shown))
     stdout.print(table)
+    if result.get("duplicate_ids"):
+        console.print(
+            f"[yellow]{result['duplicate_ids']:,} documents repeat an earlier id; `asearch index build` refuses "
+            "this corpus: give every document its own id.[/yellow]"
+        )
 
 
 def _records(source: CorpusSource, what: str, cfg: ChunkConfig) -> Iterator[dict[str, Any]]:

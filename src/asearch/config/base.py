@@ -8,6 +8,7 @@ valid key for any mistake.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -146,9 +147,32 @@ def _explain(model: type[BaseModel], err: ValidationError, source: str, lines: M
             hint = f"; did you mean {'.'.join([*map(str, loc[:-1]), near[0]])!r}?" if near else ""
             msgs.append(f"{where}: unknown key {dotted!r}{hint} (valid here: {', '.join(valid)})")
         else:
-            got = e.get("input")
-            msgs.append(f"{where}: {dotted or '<root>'}: {e['msg']} (got {got!r})")
+            given = _what_was_given(model, loc, e.get("input"), e["msg"], source, lines)
+            msgs.append(f"{where}: {dotted or '<root>'}: {e['msg']}{given}")
     return "\n".join(msgs)
+
+
+def _what_was_given(
+    model: type[BaseModel], loc: tuple[Any, ...], got: Any, msg: str, source: str, lines: Mapping[str, int],
+    limit: int = 80,
+) -> str:
+    """The offending value, short. A mapping (a validator refused a whole section, e.g. for a renamed key) is
+    never printed: the keys of it that the message names and that are not fields here are, each with its line
+    and the nearest valid key."""
+    if not isinstance(got, Mapping):
+        shown = repr(got)
+        return f" (got {shown if len(shown) <= limit else shown[: limit - 3] + '...'})"
+    valid = _fields_at(model, loc)
+    named = [k for k in got if str(k) not in valid and re.search(rf"(?<![\w.]){re.escape(str(k))}(?!\w)", msg)]
+    parts = []
+    for key in named if valid and "unknown key" not in msg else []:
+        dotted = ".".join([*map(str, loc), str(key)])
+        near = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.5)
+        line = lines.get(dotted)
+        parts.append(
+            f"{dotted!r}" + (f" at {source}:{line}" if line else "") + (f", nearest valid key {near[0]!r}" if near else "")
+        )
+    return f" (key {'; '.join(parts)})" if parts else ""
 
 
 def load_config(

@@ -70,8 +70,9 @@ UPDATE_KV_HELP = (
 class Engine(Protocol):
     """What the agent loop and the RL controller need from any inference backend.
 
-    `update_weights` interrupts in-flight generation: requests are not failed but resumed under the
-    new weights (the prefix is recomputed), so one response may carry tokens of two versions.
+    `update_weights` does not fail in-flight requests: they go on under the new weights, so one response
+    may carry tokens of two versions. With `update_kv=keep` (the default) they keep the KV the old weights
+    computed and cached prefixes stay; with `recompute` their prefix is recomputed (see `UPDATE_KV_HELP`).
     A request only ends with stop_reason "abort" when it was cancelled or the engine is closing.
     """
 

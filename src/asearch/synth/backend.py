@@ -1,7 +1,8 @@
-"""The seam between the synthesis pipeline and its two backends (knowledge graph, LLM): drafts, gate results.
+"""The seam between the synthesis pipeline and its three backends (knowledge graph, LLM, agentic LLM):
+drafts, gate results.
 
 A backend proposes (seed -> base QA, INJECT, FUZZ) and checks (quality, uniqueness); the pipeline
-owns the loop, the difficulty gate, stopping, concurrency and bookkeeping, so both backends share it.
+owns the loop, the difficulty gate, stopping, concurrency and bookkeeping, so every backend shares it.
 """
 
 from __future__ import annotations
