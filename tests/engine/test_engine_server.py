@@ -21,7 +21,7 @@ from asearch.engine.sglang import SGLangEngine, SGLangEngineConfig  # noqa: E402
 from asearch.engine.types import GenerateRequest, SamplingParams  # noqa: E402
 
 PROMPT = [11, 42, 97, 150, 23, 64]
-HTTP = HttpConfig(timeout_s=120, connect_timeout_s=5, retries=2, backoff_base_s=0.01, backoff_max_s=0.05)
+HTTP = HttpConfig(timeout_s=120, connect_timeout_s=5, retries=2, backoff_s=0.01, max_backoff_s=0.05)
 
 
 @pytest.fixture(scope="module")

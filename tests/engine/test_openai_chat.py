@@ -86,7 +86,7 @@ def serving(fake: ScriptedChat):
 
 
 def client(url: str, **kw) -> OpenAIChatClient:
-    kw = {"timeout": 5.0, "retries": 3, "backoff_base_s": 0.01, "backoff_max_s": 0.05, **kw}
+    kw = {"timeout": 5.0, "retries": 3, "backoff_s": 0.01, "max_backoff_s": 0.05, **kw}
     return OpenAIChatClient(url, "judge-model", **kw)
 
 
@@ -264,7 +264,7 @@ def test_retry_after_parsing_and_backoff_bounds() -> None:
     assert parse_retry_after("soon") is None
     future = email.utils.formatdate(time.time() + 30, usegmt=True)
     assert 28 <= parse_retry_after(future) <= 31
-    cfg = HttpConfig(backoff_base_s=0.5, backoff_max_s=4.0, retry_after_max_s=10.0)
+    cfg = HttpConfig(backoff_s=0.5, max_backoff_s=4.0, max_retry_after_s=10.0)
     delays = [backoff_delay(a, cfg) for a in range(8) for _ in range(50)]
     assert all(0.25 <= d <= 4.0 for d in delays)
     assert len({round(d, 6) for d in delays}) > 100  # jittered, not lock-step

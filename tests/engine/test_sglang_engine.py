@@ -32,7 +32,7 @@ from asearch.engine.types import GenerateRequest, SamplingParams  # noqa: E402
 from asearch.errors import RemoteError  # noqa: E402
 
 PROMPT = [11, 42, 97, 150, 23, 64]
-FAST_HTTP = HttpConfig(timeout_s=30, connect_timeout_s=2, retries=2, backoff_base_s=0.01, backoff_max_s=0.05)
+FAST_HTTP = HttpConfig(timeout_s=30, connect_timeout_s=2, retries=2, backoff_s=0.01, max_backoff_s=0.05)
 
 
 class SteppedEngine(InProcessEngine):

@@ -26,7 +26,7 @@ from asearch.engine.vllm import VLLMEngine, VLLMEngineConfig, with_model_arg
 from asearch.errors import RemoteError
 from asearch.net import free_port
 
-FAST_HTTP = HttpConfig(timeout_s=20, connect_timeout_s=2, retries=3, backoff_base_s=0.01, backoff_max_s=0.05)
+FAST_HTTP = HttpConfig(timeout_s=20, connect_timeout_s=2, retries=3, backoff_s=0.01, max_backoff_s=0.05)
 
 
 def next_token(context: list[int]) -> int:

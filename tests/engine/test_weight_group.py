@@ -24,7 +24,7 @@ from asearch.engine.types import GenerateRequest, SamplingParams  # noqa: E402
 from asearch.engine.weight_group import plan_buckets, reach_address  # noqa: E402
 
 PROMPT = [11, 42, 97, 150, 23, 64]
-HTTP = HttpConfig(timeout_s=120, connect_timeout_s=5, retries=1, backoff_base_s=0.01, backoff_max_s=0.05)
+HTTP = HttpConfig(timeout_s=120, connect_timeout_s=5, retries=1, backoff_s=0.01, max_backoff_s=0.05)
 ATOL = 2e-4  # the disk path's tolerance (test_engine_server): float32 forwards on both sides
 
 

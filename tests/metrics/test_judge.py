@@ -69,7 +69,7 @@ def server():
 
 
 def _client(url: str) -> OpenAIChatClient:
-    # transport retries off: the judge's own retries are under test
+    # transport retries off: the judge's own retries (on unusable replies) are under test
     return OpenAIChatClient(
         f"{url}/v1", "judge-model", api_key_env="ASEARCH_TEST_NO_KEY", retries=0, timeout=5
     )
@@ -103,7 +103,6 @@ def _judge(url: str, case: str, prediction: str = "Paris", **kw):
         ("prose", True, 1),
         ("fenced", True, 1),
         ("garbage_then_valid", True, 3),
-        ("http_error_then_valid", True, 2),
     ],
 )
 def test_verdicts_are_parsed_and_retried(server, case, expected, attempts):
@@ -114,6 +113,14 @@ def test_verdicts_are_parsed_and_retried(server, case, expected, attempts):
     assert verdict.error is None
     assert verdict.attempts == attempts
     assert calls[case] - before == attempts  # the server really saw each retry
+
+
+def test_a_failed_call_is_not_retried_on_top_of_the_client(server):
+    url, calls, _ = server
+    before = calls["http_error_then_valid"]
+    verdict = _judge(url, "http_error_then_valid", max_retries=2)
+    assert verdict.correct is None and verdict.attempts == 1 and "HTTP 500" in verdict.error
+    assert calls["http_error_then_valid"] - before == 1
 
 
 def test_failure_after_retries_is_none_with_error_not_a_score(server):
@@ -163,7 +170,8 @@ def test_unreachable_server_fails_cleanly():
             await _close(client)
 
     verdict = asyncio.run(run())
-    assert verdict.correct is None and verdict.attempts == 2 and verdict.error
+    # one call: the client's retries (none here) decide about transport errors, the judge does not add its own
+    assert verdict.correct is None and verdict.attempts == 1 and "ConnectError" in verdict.error
 
 
 def test_parse_judgement_shapes():

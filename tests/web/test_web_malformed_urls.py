@@ -75,7 +75,7 @@ def access_tool(port: int) -> tuple[AccessTool, WebPageBackend]:
     """The web `access` tool with retries on (3 attempts, no wait) and only this test server trusted."""
     config = FetchConfig(
         guard=UrlPolicy(allow_hosts=[f"127.0.0.1:{port}"]),
-        resilience={"attempts": 3, "backoff_s": 0.0, "max_backoff_s": 0.0, "timeout_s": 5.0},
+        resilience={"retries": 2, "backoff_s": 0.0, "max_backoff_s": 0.0, "timeout_s": 5.0},
     )
     backend = WebPageBackend(config)
     return AccessTool(backend), backend
@@ -159,7 +159,7 @@ def test_a_malformed_first_url_is_refused_with_its_reason(url, reason):
 
 def test_an_invalid_url_anywhere_under_resilience_is_a_refusal_never_retried():
     """Any other path (a reader's request url) that hands httpx a url it cannot parse is refused once."""
-    service = Resilience("reader", ResilienceConfig(attempts=3, backoff_s=0.0, max_backoff_s=0.0))
+    service = Resilience("reader", ResilienceConfig(retries=2, backoff_s=0.0, max_backoff_s=0.0))
 
     async def request():
         async with httpx.AsyncClient() as client:

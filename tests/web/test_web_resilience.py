@@ -15,7 +15,7 @@ from asearch.web import CircuitBreaker, CircuitOpen, RateLimiter, Resilience, Re
 
 def fast(**overrides):
     """Short timeouts and near-zero backoff, so retries take milliseconds."""
-    return {"timeout_s": 2.0, "attempts": 3, "backoff_s": 0.01, "max_backoff_s": 0.05} | overrides
+    return {"timeout_s": 2.0, "retries": 2, "backoff_s": 0.01, "max_backoff_s": 0.05} | overrides
 
 
 def serper(fake_web, **res):
@@ -48,7 +48,7 @@ def test_client_errors_are_not_retried(fake_web):
 
 def test_timeouts_read_like_the_issue_says(fake_web):
     fake_web.delay_s["serper"] = 1.0
-    backend = serper(fake_web, timeout_s=0.2, attempts=2)
+    backend = serper(fake_web, timeout_s=0.2, retries=1)
     t0 = time.perf_counter()
     obs = asyncio.run(run_tool(SearchTool(backend), "Oslen"))
     assert obs.text == "search failed: serper: timeout after 0.2 s (2 attempts)"
@@ -65,7 +65,7 @@ def test_retry_after_is_honoured_within_the_cap(fake_web):
 
 def test_breaker_opens_and_stops_calling_the_server(fake_web):
     fake_web.fail_next("serper", 100, status=500)
-    backend = serper(fake_web, attempts=1, breaker_failures=3, breaker_reset_s=60)
+    backend = serper(fake_web, retries=0, breaker_failures=3, breaker_reset_s=60)
     tool = SearchTool(backend)
 
     async def go():

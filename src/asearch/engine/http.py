@@ -1,19 +1,18 @@
-"""HTTP plumbing shared by the remote engines: a retrying JSON client and the resumable token-engine core.
+"""HTTP plumbing shared by the remote engines: their JSON client and the resumable token-engine core.
 
-`JsonHttpClient` retries connect errors, timeouts, 429 and 5xx (honouring Retry-After); any other 4xx
-fails at once, because resending a bad request cannot fix it. `ResumableRemoteEngine` holds what vLLM
-and SGLang clients share: admission gate, in-flight accounting, per-token version tags fixed at send
-time, resending aborted requests with their tokens so far, and sticky routing by trajectory.
+`JsonHttpClient` is `asearch.net.JsonClient` under `HttpConfig`: connect errors, timeouts and the
+statuses of `asearch.net.RETRYABLE_STATUS` are retried (Retry-After honoured); any other 4xx or 5xx fails
+at once, because resending a bad request cannot fix it. `ResumableRemoteEngine` holds what vLLM and SGLang
+clients share: admission gate, in-flight accounting, per-token version tags fixed at send time, resending
+aborted requests with their tokens so far, and sticky routing by trajectory.
 """
 
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import json
 import logging
 import os
-import random
 import time
 import zlib
 from collections.abc import Mapping, Sequence
@@ -21,76 +20,49 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import httpx
 from pydantic import Field
 
-from asearch.config import Config
 from asearch.engine.types import GenerateRequest, GenerateResponse, StopReason, WeightSource
 from asearch.errors import RemoteError
+from asearch.net import RETRYABLE_STATUS, JsonClient, RemoteHTTPError, RetryConfig, RetryPolicy, RetryStats
+from asearch.net.retry import parse_retry_after
 
 log = logging.getLogger(__name__)
 
-RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-_POOL_SIZE = 16  # connections per httpx pool (see JsonHttpClient.__init__)
+__all__ = [
+    "RETRY_STATUS",
+    "HttpConfig",
+    "HttpStats",
+    "JsonHttpClient",
+    "RemoteHTTPError",
+    "ResumableRemoteEngine",
+    "backoff_delay",
+    "parse_retry_after",
+]
+
+RETRY_STATUS = RETRYABLE_STATUS  # the name engine modules import
+HttpStats = RetryStats
 
 
-class RemoteHTTPError(RemoteError):
-    """A server answered with an error status; `status_code` says which (e.g. 404: endpoint missing)."""
-
-    def __init__(self, message: str, status_code: int):
-        super().__init__(message)
-        self.status_code = status_code
-
-
-class HttpConfig(Config):
-    """Timeouts and retry policy for one remote server."""
+class HttpConfig(RetryConfig):
+    """Timeouts, concurrency and retry policy for one remote server (retry knobs: asearch.net.retry;
+    the older backoff_base_s, backoff_max_s, retry_after_max_s still load, with a warning)."""
 
     timeout_s: float = Field(600.0, gt=0, description="Read timeout of one HTTP call (a long generation).")
     connect_timeout_s: float = Field(10.0, gt=0, description="TCP connect timeout.")
     retries: int = Field(5, ge=0, description="Extra attempts after the first on retryable failures.")
-    backoff_base_s: float = Field(0.5, ge=0, description="Delay before the 1st retry; doubles each retry.")
-    backoff_max_s: float = Field(30.0, ge=0, description="Cap on one backoff delay.")
-    retry_after_max_s: float = Field(120.0, ge=0, description="Cap on a server's Retry-After we will honour.")
+    max_backoff_s: float = Field(30.0, ge=0, description="Cap on one backoff wait.")
+    max_retry_after_s: float = Field(120.0, ge=0, description="Cap on a server's Retry-After we will honour.")
     max_concurrency: int = Field(64, ge=1, description="Requests in flight at once from this client.")
 
 
-@dataclass(slots=True)
-class HttpStats:
-    """Counts since the client was made: attempts sent, retries among them, calls that failed for good."""
-
-    requests: int = 0
-    retries: int = 0
-    failures: int = 0
+def backoff_delay(attempt: int, cfg: RetryConfig, retry_after: float | None = None) -> float:
+    """Delay before retry number `attempt` (0-based) under `cfg` (`RetryPolicy.delay`)."""
+    return RetryPolicy(cfg).delay(attempt, retry_after)
 
 
-def backoff_delay(attempt: int, cfg: HttpConfig, retry_after: float | None = None) -> float:
-    """Delay before retry number `attempt` (0-based): jittered exponential, or the server's Retry-After.
-
-    Jitter spreads clients that failed together so they do not retry in lock-step.
-    """
-    if retry_after is not None:
-        return min(retry_after, cfg.retry_after_max_s) + random.uniform(0, 0.1 * cfg.backoff_base_s)
-    cap = min(cfg.backoff_max_s, cfg.backoff_base_s * 2**attempt)
-    return random.uniform(0.5 * cap, cap)
-
-
-def parse_retry_after(value: str | None) -> float | None:
-    """Retry-After as seconds (either form the RFC allows: a number, or an HTTP date)."""
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
-class JsonHttpClient:
-    """An `httpx.AsyncClient` for one base URL whose `post_json`/`get_json` retry per `HttpConfig`."""
+class JsonHttpClient(JsonClient):
+    """A `JsonClient` for one engine server, configured by `HttpConfig`; `post_json`/`get_json` retry per it."""
 
     def __init__(
         self,
@@ -100,132 +72,24 @@ class JsonHttpClient:
         headers: dict[str, str] | None = None,
         what: str = "server",
     ):
-        self.base_url = base_url.rstrip("/")
         self.cfg = cfg or HttpConfig()
-        self.what = what  # names the server in error messages, e.g. "vLLM server"
-        self.stats = HttpStats()
-        self.closed = False
-        # Several small connection pools instead of one big one: httpcore's pool does work quadratic in
-        # its size on every request (it re-scans all connections per idle connection), which at 128
-        # connections cost more CPU than the generation itself. A request takes the least busy pool.
-        slots = self.cfg.max_concurrency + 8
-        n_pools = -(-slots // _POOL_SIZE)
-        self._clients = [
-            httpx.AsyncClient(
-                base_url=self.base_url,
-                headers=headers,
-                timeout=httpx.Timeout(self.cfg.timeout_s, connect=self.cfg.connect_timeout_s),
-                limits=httpx.Limits(
-                    max_connections=-(-slots // n_pools), max_keepalive_connections=-(-slots // n_pools)
-                ),
-            )
-            for _ in range(n_pools)
-        ]
-        self._busy = [0] * n_pools
+        super().__init__(
+            base_url,
+            retry=self.cfg,
+            timeout_s=self.cfg.timeout_s,
+            connect_timeout_s=self.cfg.connect_timeout_s,
+            max_connections=self.cfg.max_concurrency + 8,
+            headers=headers,
+            what=what,
+            hint=f"Check that the server is running and reachable at {base_url.rstrip('/')} (its /health "
+            "endpoint), and read its log; raise HttpConfig.timeout_s if generations are just long.",
+        )
 
-    async def post_json(
-        self, path: str, payload: dict[str, Any] | None = None, *, retries: int | None = None
-    ) -> dict[str, Any]:
+    async def post_json(self, path: str, payload: dict[str, Any] | None = None, *, retries: int | None = None) -> Any:
         return await self.request_json("POST", path, payload, retries=retries)
 
     async def get_json(self, path: str, *, retries: int | None = None) -> Any:
         return await self.request_json("GET", path, None, retries=retries)
-
-    async def request_json(
-        self,
-        method: str,
-        path: str,
-        payload: dict[str, Any] | None,
-        *,
-        retries: int | None = None,
-        params: dict[str, Any] | None = None,
-    ) -> Any:
-        """Send with retries; return the decoded JSON body (None for an empty body)."""
-        resp = await self.request(method, path, payload, retries=retries, params=params)
-        if not resp.content:
-            return None
-        try:
-            return resp.json()
-        except ValueError:
-            raise RemoteError(
-                f"{self.what}: {method} {self.base_url}{path} answered non-JSON: {resp.text[:300]!r}"
-            ) from None
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        payload: dict[str, Any] | None = None,
-        *,
-        retries: int | None = None,
-        params: dict[str, Any] | None = None,
-    ) -> httpx.Response:
-        max_retries = self.cfg.retries if retries is None else retries
-        url = f"{self.base_url}{path}"
-        last = ""
-        last_status: int | None = None
-        for attempt in range(max_retries + 1):
-            if attempt:
-                self.stats.retries += 1
-            self.stats.requests += 1
-            retry_after: float | None = None
-            if self.closed:
-                raise RemoteError(f"{self.what}: client closed; {method} {url} not sent")
-            try:
-                k = min(range(len(self._busy)), key=self._busy.__getitem__)
-                self._busy[k] += 1
-                try:
-                    resp = await self._clients[k].request(method, path, json=payload, params=params)
-                finally:
-                    self._busy[k] -= 1
-            except httpx.TransportError as e:  # connect refused/reset, timeouts, protocol errors
-                last = f"{type(e).__name__}: {e}".rstrip(": ")
-                last_status = None
-            except RuntimeError as e:  # httpx refuses to send on a client closed meanwhile
-                if self.closed:
-                    raise RemoteError(f"{self.what}: client closed during {method} {url}") from e
-                raise
-            else:
-                if resp.status_code < 400:
-                    return resp
-                body = resp.text[:500]
-                if resp.status_code not in RETRY_STATUS and resp.status_code < 500:
-                    self.stats.failures += 1
-                    raise RemoteHTTPError(
-                        f"{self.what}: {method} {url} -> HTTP {resp.status_code}: {body}\n"
-                        "A 4xx is not retried: check the request (model name, parameters) against the "
-                        "server's API version.",
-                        resp.status_code,
-                    )
-                last = f"HTTP {resp.status_code}: {body}"
-                last_status = resp.status_code
-                retry_after = parse_retry_after(resp.headers.get("retry-after"))
-            if attempt == max_retries:
-                break
-            delay = backoff_delay(attempt, self.cfg, retry_after)
-            log.warning(
-                "%s: %s %s failed (%s); retry %d/%d in %.2fs",
-                self.what,
-                method,
-                url,
-                last,
-                attempt + 1,
-                max_retries,
-                delay,
-            )
-            await asyncio.sleep(delay)
-        self.stats.failures += 1
-        msg = (
-            f"{self.what}: {method} {url} failed after {max_retries + 1} attempts (last: {last}).\n"
-            f"Check that the server is running and reachable at {self.base_url} (its /health endpoint), "
-            "and read its log; raise HttpConfig.timeout_s if generations are just long."
-        )
-        raise RemoteHTTPError(msg, last_status) if last_status is not None else RemoteError(msg)
-
-    async def aclose(self) -> None:
-        self.closed = True
-        for client in self._clients:
-            await client.aclose()
 
 
 # ---------------------------------------------------------------------- resumable token engines

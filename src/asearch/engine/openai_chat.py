@@ -1,7 +1,8 @@
 """A client for any OpenAI-compatible chat endpoint (vLLM, SGLang, llama.cpp server, Ollama, hosted APIs).
 
-Used by judges and data synthesis: bounded concurrency, retries with jittered exponential backoff on
-429/5xx/connect errors/timeouts (honouring Retry-After), and running token-usage totals. The API key
+Used by judges and data synthesis: bounded concurrency, retries under `asearch.net`'s one policy (jittered
+backoff on 408/425/429/500/502/503/504, connect errors and timeouts, Retry-After honoured), and running
+token-usage totals. The API key
 comes only from an environment variable and is never logged. `OpenAIChatEngine` adapts it to `Engine`
 (engine kind `openai`): it takes chat messages, or the agent's token prompts, which it reads back into
 chat messages with the tokenizer's chat template.
@@ -19,11 +20,11 @@ from urllib.parse import urlsplit
 
 from pydantic import Field
 
-from asearch.config import Config
 from asearch.engine.http import HttpConfig, JsonHttpClient, RemoteHTTPError
 from asearch.engine.registry import register_engine
 from asearch.engine.types import GenerateRequest, GenerateResponse, StopReason, WeightSource
 from asearch.errors import ConfigError, RemoteError
+from asearch.net import RetryConfig
 
 if TYPE_CHECKING:
     from asearch.engine.registry import EngineConfig
@@ -76,9 +77,10 @@ class OpenAIChatClient:
         max_concurrency: int = 16,
         timeout: float = 120.0,
         retries: int = 5,
-        backoff_base_s: float = 0.5,
-        backoff_max_s: float = 30.0,
-        retry_after_max_s: float = 120.0,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 30.0,
+        max_retry_after_s: float = 120.0,
+        retry_timeouts: bool = True,
     ):
         self.model = model
         self.api_key_env = api_key_env
@@ -91,9 +93,10 @@ class OpenAIChatClient:
             cfg=HttpConfig(
                 timeout_s=timeout,
                 retries=retries,
-                backoff_base_s=backoff_base_s,
-                backoff_max_s=backoff_max_s,
-                retry_after_max_s=retry_after_max_s,
+                backoff_s=backoff_s,
+                max_backoff_s=max_backoff_s,
+                max_retry_after_s=max_retry_after_s,
+                retry_timeouts=retry_timeouts,
                 max_concurrency=max_concurrency,
             ),
             headers={"Authorization": f"Bearer {key}"} if key else None,
@@ -156,9 +159,10 @@ class OpenAIChatClient:
         await self.aclose()
 
 
-class OpenAIEngineConfig(Config):
+class OpenAIEngineConfig(RetryConfig):
     """Options of engine kind `openai`: any OpenAI-compatible chat server. `engine.model` is the name the
-    server knows the model by; `engine.base_url` its API root (http://host:port gets /v1 added)."""
+    server knows the model by; `engine.base_url` its API root (http://host:port gets /v1 added). The retry
+    knobs (retries, backoff_s, max_backoff_s, max_retry_after_s, retry_timeouts) are `asearch.net`'s."""
 
     tokenizer: str | None = Field(
         None,
@@ -173,8 +177,10 @@ class OpenAIEngineConfig(Config):
     max_concurrency: int = Field(16, ge=1, description="Requests in flight to the server.")
     timeout_s: float = Field(120.0, gt=0, description="Per request.")
     retries: int = Field(
-        5, ge=0, description="HTTP retries on 429/5xx/connection errors (jittered backoff, Retry-After honoured)."
+        5, ge=0, description="HTTP retries on 408/425/429/5xx/connection errors (jittered backoff, Retry-After honoured)."
     )
+    max_backoff_s: float = Field(30.0, ge=0, description="Cap on one backoff wait.")
+    max_retry_after_s: float = Field(120.0, ge=0, description="Cap on a server's Retry-After that is honoured.")
     prefill_fields: dict[str, Any] = Field(
         default_factory=lambda: {"continue_final_message": True, "add_generation_prompt": False},
         description="Sent when the prompt ends inside an assistant turn the agent opened (a style's act prefix "
@@ -385,6 +391,27 @@ def _restore_stop(result: ChatResult, stops: list[str], partial: str) -> str:
     return text
 
 
+def retry_kwargs(cfg: RetryConfig) -> dict[str, Any]:
+    """The retry knobs of a config, as `OpenAIChatClient` takes them."""
+    return {k: getattr(cfg, k) for k in RetryConfig.model_fields}
+
+
+def chat_client(cfg: EngineConfig) -> OpenAIChatClient:
+    """An `OpenAIChatClient` for an engine config of kind openai (judges, synthesis endpoints)."""
+    o: OpenAIEngineConfig = cfg.options
+    if cfg.kind != "openai" or cfg.base_url is None:
+        raise ConfigError(f"a chat client needs engine.kind=openai and engine.base_url (got kind {cfg.kind!r})")
+    return OpenAIChatClient(
+        api_root(cfg.base_url),
+        cfg.model,
+        api_key_env=o.api_key_env,
+        require_api_key=o.require_api_key,
+        max_concurrency=o.max_concurrency,
+        timeout=o.timeout_s,
+        **retry_kwargs(o),
+    )
+
+
 def api_root(base_url: str) -> str:
     """`http://host:port` -> `http://host:port/v1` (what vLLM, SGLang, llama.cpp server and Ollama serve);
     a URL with a path is the API root already."""
@@ -401,16 +428,7 @@ def api_root(base_url: str) -> str:
 )
 def build_openai(cfg: EngineConfig, **context: Any) -> OpenAIChatEngine:
     o: OpenAIEngineConfig = cfg.options
-    assert cfg.base_url is not None  # EngineConfig checks it for kinds that need a server
-    client = OpenAIChatClient(
-        api_root(cfg.base_url),
-        cfg.model,
-        api_key_env=o.api_key_env,
-        require_api_key=o.require_api_key,
-        max_concurrency=o.max_concurrency,
-        timeout=o.timeout_s,
-        retries=o.retries,
-    )
+    client = chat_client(cfg)
     name = o.tokenizer or cfg.model
 
     def tokenizer() -> Any:

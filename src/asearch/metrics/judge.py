@@ -1,9 +1,10 @@
 """LLM-as-judge: ask a chat model whether a prediction means the same as a gold answer.
 
 The judge replies with JSON `{"rationale": ..., "judgement": "correct" | "incorrect"}`; replies are
-parsed tolerantly (prose, code fences), bad replies and transport errors are retried a bounded number
-of times, and a judge that still fails returns `correct=None` with `error` set: it is counted and
-reported, never scored as 0 or 1. The client is injected (anything with `async chat(messages)`), so
+parsed tolerantly (prose, code fences), unusable replies are asked for again a bounded number of times,
+and a judge that still fails returns `correct=None` with `error` set: it is counted and reported, never
+scored as 0 or 1. Transport failures are the client's to retry (`asearch.net`'s one policy): the judge
+does not retry them again on top. The client is injected (anything with `async chat(messages)`), so
 this module imports no HTTP library.
 """
 
@@ -125,8 +126,8 @@ def _json_objects(text: str) -> list[Any]:
 class LLMJudge:
     """Grades predictions with a chat model; one instance can judge many questions concurrently.
 
-    `max_retries` bounds the extra attempts after the first (bad JSON and transport errors both
-    count); the prediction is cut to `max_prediction_chars` so a rambling answer cannot flood the
+    `max_retries` bounds the extra attempts after an unusable reply (no verdict in it); a failed call
+    is final, its client having retried it already. The prediction is cut to `max_prediction_chars` so a rambling answer cannot flood the
     judge's context. Verdicts carry `model` (default: the client's `model`) and `prompt_version`.
 
     `prefill` starts the judge's reply for it: the chat ends with an assistant turn holding it, which the
@@ -196,8 +197,15 @@ class LLMJudge:
                 raw = self.prefill + raw
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # transport, HTTP status, timeout: all worth another try
-                error = f"attempt {attempt}: {type(e).__name__}: {e}"
+            except Exception as e:  # transport, HTTP status, timeout: the client's retries are spent
+                return JudgeVerdict(
+                    correct=None,
+                    raw=raw,
+                    error=f"judge call failed: {type(e).__name__}: {e}",
+                    attempts=attempt,
+                    model=self.model,
+                    prompt_version=self.prompt_version,
+                )
             else:
                 try:
                     correct, rationale = parse_judgement(raw)

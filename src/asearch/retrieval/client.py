@@ -1,13 +1,12 @@
 """Async client for the retrieval server (ours or any Search-R1/ASearcher-compatible one).
 
-Connection errors and 5xx answers are retried with jittered exponential backoff, a bounded number of
-times; anything else (4xx, bad data, read timeout, retries used up) raises `RemoteError` saying what to check.
+Calls go through `asearch.net`'s one retry policy: connection errors and the retryable statuses (429, 5xx
+from a proxy, ...) are tried again with jittered exponential backoff, a bounded number of times; anything
+else (4xx, bad data, read timeout, retries used up) raises `RemoteError` saying what to check.
 """
 
 from __future__ import annotations
 
-import asyncio
-import random
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -16,7 +15,8 @@ from pydantic import BaseModel, ValidationError
 
 from asearch.corpus.types import Page
 from asearch.errors import RemoteError
-from asearch.net import LoopClient
+from asearch.net import GaveUp, JsonClient, RemoteHTTPError, RetryConfig
+from asearch.net.retry import describe
 from asearch.retrieval.base import SearchHit
 from asearch.retrieval.protocol import (
     AccessRequest,
@@ -29,16 +29,14 @@ from asearch.retrieval.protocol import (
 
 R = TypeVar("R", bound=BaseModel)
 
-RETRIED_STATUS = frozenset({500, 502, 503, 504})
-
 
 class RetrievalClient:
     """`search` / `access` / `health` / `stats` against a retrieval server at `base_url`.
 
-    `timeout` bounds each attempt (seconds); `retries` is how many extra attempts a connect error or 5xx
-    gets, waiting `backoff_s * 2**attempt` (capped at `max_backoff_s`, times a random 0.5-1 jitter so
-    many clients do not retry in lockstep). Read timeouts are not retried: the server may still be
-    working on the request, and repeating it would only add load.
+    `timeout` bounds each attempt (seconds); `retries`, `backoff_s` and `max_backoff_s` are the retry
+    policy's (`asearch.net.RetryConfig`; a server's Retry-After is honoured up to `max_retry_after_s`).
+    Read timeouts are not retried (`retry_timeouts=False`): the server may still be working on the
+    request, and repeating it would only add load.
     """
 
     def __init__(
@@ -49,6 +47,7 @@ class RetrievalClient:
         retries: int = 3,
         backoff_s: float = 0.5,
         max_backoff_s: float = 8.0,
+        max_retry_after_s: float = 30.0,
         max_connections: int = 64,
         transport: httpx.AsyncBaseTransport | None = None,
     ):
@@ -60,9 +59,21 @@ class RetrievalClient:
                 url = url[: -len(endpoint)]
         self.base_url = url
         self.timeout, self.retries = timeout, retries
-        self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        self._http = LoopClient(lambda: httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport))
+        retry = RetryConfig(
+            retries=retries,
+            backoff_s=backoff_s,
+            max_backoff_s=max_backoff_s,
+            max_retry_after_s=max_retry_after_s,
+            retry_timeouts=False,
+        )
+        self._http = JsonClient(
+            url,
+            retry=retry,
+            timeout_s=timeout,
+            max_connections=max_connections,
+            transport=transport,
+            what="retrieval server",
+        )
 
     # ------------------------------------------------------------------ public API
 
@@ -113,53 +124,27 @@ class RetrievalClient:
 
     # ------------------------------------------------------------------ plumbing
 
-    def _delay(self, attempt: int) -> float:
-        return min(self.max_backoff_s, self.backoff_s * 2**attempt) * random.uniform(0.5, 1.0)
-
     async def _call(self, method: str, path: str, payload: dict[str, Any] | None, model: type[R]) -> R:
         url = f"{self.base_url}{path}"
-        attempts = self.retries + 1
-        last = ""
-        for attempt in range(attempts):
-            try:
-                resp = await self._http.get().request(method, url, json=payload)
-            except (httpx.ReadTimeout, httpx.WriteTimeout) as e:
-                raise RemoteError(
-                    f"{method} {url} timed out after {self.timeout:g} s ({type(e).__name__}); the server is "
-                    f"overloaded or the request is too large: check {self.base_url}/stats or raise the timeout"
-                ) from e
-            except httpx.TransportError as e:  # refused, reset, connect timeout: the request never ran
-                last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-            else:
-                if resp.status_code in RETRIED_STATUS:
-                    last = f"HTTP {resp.status_code}: {_detail(resp)}"
-                elif resp.status_code >= 400:
-                    raise RemoteError(
-                        f"{method} {url} was rejected (HTTP {resp.status_code}): {_detail(resp)}"
-                    )
-                else:
-                    try:
-                        return model.model_validate_json(resp.content)
-                    except ValidationError as e:
-                        raise RemoteError(
-                            f"{method} {url} answered data that is not a {model.__name__}: "
-                            f"{e.errors()[0]['msg']} at {'.'.join(map(str, e.errors()[0]['loc']))}; "
-                            "is that url an asearch / Search-R1-compatible retrieval server?"
-                        ) from None
-            if attempt + 1 < attempts:
-                await asyncio.sleep(self._delay(attempt))
-        raise RemoteError(
-            f"{method} {url} failed after {attempts} attempt(s) (last: {last}); check that the retrieval "
-            f"server is running (`asearch serve --index DIR`) and that {self.base_url}/health answers"
-        )
-
-
-def _detail(resp: httpx.Response) -> str:
-    """The server's `detail` message when it sent one, else the start of the body."""
-    try:
-        body = resp.json()
-        if isinstance(body, dict) and "detail" in body:
-            return str(body["detail"])
-    except ValueError:
-        pass
-    return resp.text[:300] or resp.reason_phrase
+        try:
+            resp = await self._http.policy.run(lambda: self._http.send(method, path, payload), what=f"{method} {url}")
+        except (httpx.ReadTimeout, httpx.WriteTimeout) as e:
+            raise RemoteError(
+                f"{method} {url} timed out after {self.timeout:g} s ({type(e).__name__}); the server is "
+                f"overloaded or the request is too large: check {self.base_url}/stats or raise the timeout"
+            ) from e
+        except RemoteHTTPError as e:
+            raise RemoteError(f"{method} {url} was rejected (HTTP {e.status_code}): {e.detail}") from None
+        except GaveUp as e:
+            raise RemoteError(
+                f"{method} {url} failed after {e.attempts} attempt(s) (last: {describe(e.last)}); check that the "
+                f"retrieval server is running (`asearch serve --index DIR`) and that {self.base_url}/health answers"
+            ) from e.last
+        try:
+            return model.model_validate_json(resp.content)
+        except ValidationError as e:
+            raise RemoteError(
+                f"{method} {url} answered data that is not a {model.__name__}: "
+                f"{e.errors()[0]['msg']} at {'.'.join(map(str, e.errors()[0]['loc']))}; "
+                "is that url an asearch / Search-R1-compatible retrieval server?"
+            ) from None

@@ -1,5 +1,6 @@
 """HTTP plumbing shared by the web API clients (Serper, SearXNG, Jina): keys from the environment, one
-httpx client per event loop, bounded body reads, and HTTP statuses turned into retryable or final errors.
+httpx client per event loop, bounded body reads, and HTTP statuses turned into retryable or final errors
+(`asearch.net`'s one retryable set; `Resilience` runs the retries under `asearch.net`'s one policy).
 
 API base urls are operator configuration, not agent input, so these clients are not behind the SSRF
 guard (a self-hosted SearXNG usually lives on localhost); urls the agent chooses are checked by the
@@ -16,10 +17,9 @@ from typing import Any
 import httpx
 
 from asearch.errors import ConfigError, RemoteError
-from asearch.net import LoopClient
-from asearch.web.resilience import TransientError
+from asearch.net import RETRYABLE_STATUS, LoopClient, TransientError, parse_retry_after
 
-RETRIED_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+RETRIED_STATUS = RETRYABLE_STATUS  # asearch.net's one set, under the name web modules import
 
 
 def api_key_from_env(env_var: str | None, provider: str, *, required: bool) -> str | None:
@@ -75,11 +75,8 @@ async def read_limited(resp: httpx.Response, max_bytes: int, what: str) -> bytes
 
 
 def retry_after_s(headers: httpx.Headers) -> float | None:
-    value = headers.get("retry-after", "")
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None  # an HTTP date: rare for APIs; fall back to our own backoff
+    """The answer's Retry-After in seconds (a number or an HTTP date), None without one."""
+    return parse_retry_after(headers.get("retry-after"))
 
 
 def status_error(status: int, headers: httpx.Headers, body: bytes, *, key_env: str | None) -> RemoteError:
@@ -88,7 +85,9 @@ def status_error(status: int, headers: httpx.Headers, body: bytes, *, key_env: s
     detail = _detail(body)
     if status in RETRIED_STATUS:
         label = "rate limited" if status == 429 else "server error"
-        return TransientError(f"{label} (HTTP {status}): {detail}", retry_after_s=retry_after_s(headers))
+        return TransientError(
+            f"{label} (HTTP {status}): {detail}", retry_after_s=retry_after_s(headers), status=status
+        )
     if status in (401, 403) and key_env:
         return RemoteError(f"refused the request (HTTP {status}): {detail}; check the key in ${key_env}")
     return RemoteError(f"rejected the request (HTTP {status}): {detail}")

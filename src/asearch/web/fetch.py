@@ -39,7 +39,7 @@ class FetchConfig(Config):
         default_factory=UrlPolicy, description="Which hosts and addresses may be fetched."
     )
     resilience: ResilienceConfig = Field(
-        default_factory=lambda: ResilienceConfig(timeout_s=20.0, attempts=2, breaker_failures=0),
+        default_factory=lambda: ResilienceConfig(timeout_s=20.0, retries=1, breaker_failures=0),
         description="Timeouts and retries; no circuit breaker by default (failures are per site, not one "
         "service).",
     )

@@ -39,7 +39,7 @@ class JinaConfig(Config):
     max_bytes: int = Field(10_000_000, ge=1, description="Largest answer read.")
     resilience: ResilienceConfig = Field(
         default_factory=lambda: ResilienceConfig(
-            timeout_s=30.0, attempts=2, backoff_s=1.0, max_concurrency=10
+            timeout_s=30.0, retries=1, backoff_s=1.0, max_concurrency=10
         ),
         description="Timeouts, retries, concurrency, rate limit and breaker for this service.",
     )

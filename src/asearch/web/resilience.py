@@ -1,8 +1,9 @@
-"""How one web service is called: bounded concurrency, a rate limit, per-attempt timeouts, retries with
-jittered backoff, and a circuit breaker that stops calling a service that keeps failing.
+"""How one web service is called: bounded concurrency, a rate limit, per-attempt timeouts, retries under
+`asearch.net`'s one policy (jittered backoff, Retry-After, the same retryable statuses as every other
+client), and a circuit breaker that stops calling a service that keeps failing.
 
     RemoteError (asearch.errors)
-    ├── TransientError     worth retrying: timeouts, connection failures, HTTP 429 and 5xx
+    ├── TransientError     worth retrying: timeouts, connection failures, HTTP 408/425/429/5xx (asearch.net)
     └── CircuitOpen        the breaker is open; no request was sent
 """
 
@@ -10,17 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
 import httpx
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from asearch.config import Config
 from asearch.errors import RemoteError, ToolError
+from asearch.net import GaveUp, RetryConfig, RetryPolicy, TransientError
+
+__all__ = ["CircuitBreaker", "CircuitOpen", "RateLimiter", "Resilience", "ResilienceConfig", "TransientError"]
 
 log = logging.getLogger(__name__)
 
@@ -28,27 +30,22 @@ T = TypeVar("T")
 Clock = Callable[[], float]
 
 
-class TransientError(RemoteError):
-    """A failure that may pass on its own; `retry_after_s` is the server's hint (HTTP Retry-After), if any."""
-
-    def __init__(self, message: str, *, retry_after_s: float | None = None):
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
 class CircuitOpen(RemoteError):
     """The service failed too often in a row; calls are refused without a request until the breaker resets."""
 
 
-class ResilienceConfig(Config):
-    """Timeouts, retries, concurrency, rate limit and circuit breaker of one web service."""
+class ResilienceConfig(RetryConfig):
+    """Timeouts, retries, concurrency, rate limit and circuit breaker of one web service. The retry knobs
+    are `asearch.net.RetryConfig`'s (the older `attempts` still loads, as retries = attempts - 1)."""
 
     timeout_s: float = Field(15.0, gt=0, description="Limit of one attempt (connect + answer + body).")
-    attempts: int = Field(3, ge=1, description="Tries per call; only transient failures are tried again.")
+    retries: int = Field(2, ge=0, description="Extra tries after the first; only transient failures are tried again.")
     backoff_s: float = Field(
-        1.0, ge=0, description="Wait before retry k is backoff_s * 2**k, times a 0.5-1 jitter."
+        1.0, ge=0, description="Wait before retry k is backoff_s * 2**k (capped), times a 0.5-1 jitter."
     )
-    max_backoff_s: float = Field(8.0, ge=0, description="Cap of one wait (a server's Retry-After included).")
+    max_retry_after_s: float = Field(
+        8.0, ge=0, description="Cap on a server's Retry-After that is honoured (an agent turn waits for it)."
+    )
     max_concurrency: int = Field(16, ge=1, description="Requests in flight at once to this service.")
     rate_per_s: float | None = Field(
         None, gt=0, description="Requests per second at most, over time (None = no limit)."
@@ -60,12 +57,6 @@ class ResilienceConfig(Config):
     breaker_reset_s: float = Field(
         30.0, gt=0, description="How long an open breaker refuses calls before it lets one trial through."
     )
-
-    @model_validator(mode="after")
-    def _backoff_cap(self) -> ResilienceConfig:
-        if self.max_backoff_s < self.backoff_s:
-            raise ValueError(f"max_backoff_s ({self.max_backoff_s}) is below backoff_s ({self.backoff_s})")
-        return self
 
 
 class RateLimiter:
@@ -159,10 +150,12 @@ class CircuitBreaker:
 class Resilience:
     """Runs calls to one service under its `ResilienceConfig` and counts what happened.
 
-    `run(attempt)` calls `attempt()` (one request) until it succeeds, fails for good, or the attempts are
-    used up. Transient failures (TransientError, httpx timeouts and transport errors) are retried;
-    other RemoteErrors fail at once; ToolErrors (a refused url, a spent budget) pass through untouched
-    and are no fault of the service, and an httpx.InvalidURL becomes one (it is never retried). The last failure becomes `RemoteError("<name>: <problem> (3 attempts)")`.
+    `run(attempt)` calls `attempt()` (one request) under the retry policy of `asearch.net`, each try
+    behind the rate limit, the concurrency bound and the per-try timeout. Transient failures
+    (TransientError, timeouts, transport errors) are retried; other RemoteErrors fail at once; ToolErrors
+    (a refused url, a spent budget) pass through untouched and are no fault of the service, and an
+    httpx.InvalidURL becomes one (it is never retried). The last failure becomes
+    `RemoteError("<name>: <problem> (3 attempts)")`.
     """
 
     def __init__(
@@ -178,11 +171,19 @@ class Resilience:
         c = self.config
         self.breaker = CircuitBreaker(name, c.breaker_failures, c.breaker_reset_s, clock=clock)
         self.limiter = RateLimiter(c.rate_per_s, c.burst, clock=clock) if c.rate_per_s else None
-        self._sleep = sleep
+        self.policy = RetryPolicy(c, sleep=sleep)
         self._semaphores: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
-        self.calls = self.successes = self.failures = self.refused = self.retries = self.attempts = 0
+        self.calls = self.successes = self.failures = self.refused = 0
         self.in_flight = self.max_in_flight = 0
         self.errors: dict[str, int] = {}
+
+    @property
+    def attempts(self) -> int:
+        return self.policy.stats.requests
+
+    @property
+    def retries(self) -> int:
+        return self.policy.stats.retries
 
     def _semaphore(self) -> asyncio.Semaphore:
         # A semaphore belongs to one event loop; tests and CLIs may run several loops one after another.
@@ -193,63 +194,56 @@ class Resilience:
             sem = self._semaphores[loop] = asyncio.Semaphore(self.config.max_concurrency)
         return sem
 
-    def _delay(self, attempt: int, hint: float | None) -> float:
-        c = self.config
-        base = c.backoff_s * 2**attempt * random.uniform(0.5, 1.0)
-        return min(c.max_backoff_s, max(base, hint or 0.0))
+    async def _try(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """One try: after the rate limit, within the concurrency bound and the per-try timeout."""
+        if self.limiter is not None:
+            await self.limiter.acquire()
+        async with self._semaphore():
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            try:
+                async with asyncio.timeout(self.config.timeout_s):
+                    return await attempt()
+            finally:
+                self.in_flight -= 1
+
+    def _failed(self, kind: str, e: BaseException) -> None:
+        self._count(kind)
+        log.info("%s: attempt failed: %s", self.name, self._problem(kind, e))
+
+    def _problem(self, kind: str, e: BaseException) -> str:
+        if kind == "timeout":
+            return f"timeout after {self.config.timeout_s:g} s"
+        if kind == "connection" and not isinstance(e, TransientError):
+            return f"connection failed ({type(e).__name__}: {e})"
+        return str(e)
 
     async def run(self, attempt: Callable[[], Awaitable[T]]) -> T:
-        c = self.config
         self.calls += 1
         self.breaker.before_call()
-        last = ""
-        for k in range(c.attempts):
-            if k:
-                self.retries += 1
-            hint: float | None = None
-            if self.limiter is not None:
-                await self.limiter.acquire()
-            try:
-                async with self._semaphore():
-                    self.attempts += 1
-                    self.in_flight += 1
-                    self.max_in_flight = max(self.max_in_flight, self.in_flight)
-                    try:
-                        async with asyncio.timeout(c.timeout_s):
-                            result = await attempt()
-                    finally:
-                        self.in_flight -= 1
-            except (TimeoutError, httpx.TimeoutException):
-                last, kind = f"timeout after {c.timeout_s:g} s", "timeout"
-            except httpx.TransportError as e:
-                last, kind = f"connection failed ({type(e).__name__}: {e})", "connection"
-            except TransientError as e:
-                last, kind, hint = str(e), "transient", e.retry_after_s
-            except ToolError:  # refused (url guard, budget, media type): says nothing of the service's health
-                self.refused += 1
-                self.breaker.release_trial()
-                raise
-            except httpx.InvalidURL as e:  # no request was possible, and retrying will not make the url valid
-                self.refused += 1
-                self.breaker.release_trial()
-                raise ToolError(f"{self.name}: refused a url that is not valid ({e})") from None
-            except (RemoteError, httpx.HTTPError) as e:  # a final answer: 4xx, bad data, bad encoding
-                self.failures += 1
-                self._count("rejected")
-                self.breaker.record_success()  # the service answered; it is up
-                raise RemoteError(f"{self.name}: {e}") from e
-            else:
-                self.successes += 1
-                self.breaker.record_success()
-                return result
-            self._count(kind)
-            log.info("%s: attempt %d/%d failed: %s", self.name, k + 1, c.attempts, last)
-            if k + 1 < c.attempts:
-                await self._sleep(self._delay(k, hint))
-        self.failures += 1
-        self.breaker.record_failure()
-        tries = f" ({c.attempts} attempts)" if c.attempts > 1 else ""
-        raise RemoteError(f"{self.name}: {last}{tries}")
+        try:
+            result = await self.policy.run(lambda: self._try(attempt), what=self.name, on_failure=self._failed)
+        except GaveUp as e:
+            self.failures += 1
+            self.breaker.record_failure()
+            tries = f" ({e.attempts} attempts)" if e.attempts > 1 else ""
+            raise RemoteError(f"{self.name}: {self._problem(e.kind, e.last)}{tries}") from None
+        except ToolError:  # refused (url guard, budget, media type): says nothing of the service's health
+            self.refused += 1
+            self.breaker.release_trial()
+            raise
+        except httpx.InvalidURL as e:  # no request was possible, and retrying will not make the url valid
+            self.refused += 1
+            self.breaker.release_trial()
+            raise ToolError(f"{self.name}: refused a url that is not valid ({e})") from None
+        except (RemoteError, httpx.HTTPError, TimeoutError) as e:  # a final answer: 4xx, bad data, bad encoding
+            self.failures += 1
+            self._count("rejected")
+            self.breaker.record_success()  # the service answered; it is up
+            raise RemoteError(f"{self.name}: {e}") from e
+        self.successes += 1
+        self.breaker.record_success()
+        return result
 
     def _count(self, kind: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1

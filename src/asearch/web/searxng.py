@@ -31,7 +31,7 @@ class SearxngConfig(Config):
     language: str | None = Field(None, description="Search language code, e.g. 'en'.")
     safesearch: int | None = Field(None, ge=0, le=2, description="0 off, 1 moderate, 2 strict.")
     resilience: ResilienceConfig = Field(
-        default_factory=lambda: ResilienceConfig(timeout_s=15.0, attempts=3, backoff_s=0.5),
+        default_factory=lambda: ResilienceConfig(timeout_s=15.0, retries=2, backoff_s=0.5),
         description="Timeouts, retries, concurrency, rate limit and breaker for this instance.",
     )
 

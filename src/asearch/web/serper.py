@@ -28,7 +28,7 @@ class SerperConfig(Config):
     max_query_chars: int = Field(2000, ge=1, description="Longer queries are cut to this many characters.")
     resilience: ResilienceConfig = Field(
         default_factory=lambda: ResilienceConfig(
-            timeout_s=20.0, attempts=4, backoff_s=1.0, max_concurrency=20
+            timeout_s=20.0, retries=3, backoff_s=1.0, max_concurrency=20
         ),
         description="Timeouts, retries, concurrency, rate limit and breaker for this API.",
     )
