@@ -11,14 +11,15 @@ import pytest
 
 from asearch.engine.pool import RolloutServersConfig
 from asearch.errors import LaunchError
+from asearch.launch.ray import RayAllocation
 from asearch.launch.spec import Allocation, forwarded, server_tensor_parallel
 
 
 def test_gpu_reservations_follow_the_cluster() -> None:
-    a = Allocation()
+    a = RayAllocation()
     assert a.gpus(cluster_gpus=0) == (0, 0)
     assert a.gpus(cluster_gpus=16, server_tp=2) == (2, 1)  # a server its tensor-parallel size, a rank 1
-    explicit = Allocation(server_gpus=0, rank_gpus=2)
+    explicit = RayAllocation(server_gpus=0, rank_gpus=2)
     assert explicit.gpus(cluster_gpus=16, server_tp=4) == (0, 2)
     assert server_tensor_parallel(RolloutServersConfig()) == 1  # the engine server (kind sglang): one GPU
     assert server_tensor_parallel(RolloutServersConfig(kind="vllm", vllm={"tensor_parallel_size": 2})) == 2
@@ -26,11 +27,11 @@ def test_gpu_reservations_follow_the_cluster() -> None:
 
 
 def test_bind_auto_is_node_on_a_cluster_of_several_nodes() -> None:
-    assert Allocation().bind == "auto"
-    assert Allocation().resolved_bind(alive_nodes=1) == "loopback"
-    assert Allocation().resolved_bind(alive_nodes=2) == "node"
-    assert Allocation(bind="loopback").resolved_bind(alive_nodes=3) == "loopback"
-    assert Allocation(bind="node").resolved_bind(alive_nodes=1) == "node"
+    assert RayAllocation().bind == "auto"
+    assert RayAllocation().resolved_bind(alive_nodes=1) == "loopback"
+    assert RayAllocation().resolved_bind(alive_nodes=2) == "node"
+    assert RayAllocation(bind="loopback").resolved_bind(alive_nodes=3) == "loopback"
+    assert RayAllocation(bind="node").resolved_bind(alive_nodes=1) == "node"
 
 
 def test_actor_environment_is_the_allow_list_plus_allocation_env() -> None:
@@ -41,7 +42,7 @@ def test_actor_environment_is_the_allow_list_plus_allocation_env() -> None:
         "CUDA_VISIBLE_DEVICES": "3",  # Ray sets each actor's own
         "HOME": "/root", "PATH": "/bin", "AWS_SECRET_ACCESS_KEY": "s", "RAY_ADDRESS": "a:1",
     }  # fmt: skip
-    env = Allocation(env={"NCCL_DEBUG": "INFO", "HF_HOME": "/shared/hf"}).actor_env(environ)
+    env = RayAllocation(env={"NCCL_DEBUG": "INFO", "HF_HOME": "/shared/hf"}).actor_env(environ)
     assert env == {
         "NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0", "HF_HUB_OFFLINE": "1", "HF_HOME": "/shared/hf",
         "TRANSFORMERS_OFFLINE": "1", "ASEARCH_X": "y", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
@@ -137,7 +138,7 @@ def test_ranks_and_server_get_their_own_declared_gpus(ray_with_declared_gpus, ti
         }  # fmt: skip
 
     said: list[str] = []
-    alloc = Allocation(rollout_servers=1, trainer_ranks=2, server_cpus=0.5, rank_cpus=0.5)
+    alloc = RayAllocation(rollout_servers=1, trainer_ranks=2, server_cpus=0.5, rank_cpus=0.5)
     launcher = RayLauncher(str(tiny_world_model_dir), alloc, RolloutServersConfig(), log_dir=Path("unused"), log=said.append)
     try:
         launcher.connect()

@@ -74,14 +74,13 @@ def ray_args(address: str, servers: int, ranks: int) -> list[str]:
 def test_two_ranks_update_like_one_process(ray_cluster, tiny_world_model_dir) -> None:
     """Two FSDP ranks as Ray actors take the same step as `PolicyTrainer` in this process."""
     from asearch.engine.pool import RolloutServersConfig
-    from asearch.launch.ray import RayLauncher
-    from asearch.launch.spec import Allocation
+    from asearch.launch.ray import RayAllocation, RayLauncher
     from asearch.models.loading import load_model
     from asearch.rl.distributed import _random_samples
     from asearch.rl.trainer import PolicyTrainer, TrainerConfig
 
     address, env = ray_cluster
-    alloc = Allocation(
+    alloc = RayAllocation(
         rollout_servers=1, trainer_ranks=2, rank_cpus=0.5, server_cpus=0.5, ray_address=address
     )
     cfg = TrainerConfig(token_budget=512)
@@ -114,11 +113,10 @@ def test_two_ranks_update_like_one_process(ray_cluster, tiny_world_model_dir) ->
 def test_an_allocation_larger_than_the_cluster_is_refused(ray_cluster) -> None:
     from asearch.engine.pool import RolloutServersConfig
     from asearch.errors import LaunchError
-    from asearch.launch.ray import RayLauncher
-    from asearch.launch.spec import Allocation
+    from asearch.launch.ray import RayAllocation, RayLauncher
 
     address, _ = ray_cluster
-    alloc = Allocation(rollout_servers=2, server_threads=1, trainer_ranks=2, ray_address=address)
+    alloc = RayAllocation(rollout_servers=2, server_threads=1, trainer_ranks=2, ray_address=address)
     launcher = RayLauncher("unused", alloc, RolloutServersConfig(), log_dir=Path("unused"), trainer_threads=1)
     try:
         with pytest.raises(LaunchError, match=r"needs 4 CPU \(the cluster has 2 free\)"):

@@ -589,7 +589,7 @@ def _largest(ok: Any, low: int, high: int) -> int | None:
 def uses_cuda(cfg: TrainConfig) -> bool:
     """Whether the trainer runs on CUDA GPUs: trainer.device says so, ranks reserve GPUs, or auto finds one."""
     device = cfg.trainer.device.strip().lower()
-    if device.startswith("cuda") or (cfg.launcher != "none" and (cfg.allocation.rank_gpus or 0) > 0):
+    if device.startswith("cuda") or (cfg.launcher != "none" and (getattr(cfg.allocation, "rank_gpus", None) or 0) > 0):
         return True
     if device != "auto":
         return False

@@ -22,16 +22,95 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from asearch.engine.inprocess import InProcessEngineConfig
 from asearch.engine.pool import RolloutServersConfig
 from asearch.engine.supervisor import SupervisorConfig
 from asearch.errors import LaunchError, TrainerRankError
 from asearch.launch.registry import register_launcher
-from asearch.launch.spec import Allocation, Launcher, server_tensor_parallel
+from asearch.launch.spec import Allocation, Launcher, forwarded, server_tensor_parallel
+
+
+class RayAllocation(Allocation):
+    """The Ray launcher's options: the common allocation plus where and how its actors are placed (the keys stay
+    `allocation.ray_address`, `allocation.server_gpus`, ...)."""
+
+    ray_address: str | None = Field(
+        None,
+        description="The cluster to join (host:port of `ray start --head`); None: the "
+        "RAY_ADDRESS variable, else the cluster started on this machine.",
+    )
+    server_cpus: float | None = Field(
+        None, gt=0, description="CPUs each server actor reserves (default server_threads)."
+    )
+    rank_cpus: float | None = Field(
+        None, gt=0, description="CPUs each trainer rank reserves (default: the run's threads)."
+    )
+    server_gpus: float | None = Field(
+        None, ge=0, description="GPUs each rollout server reserves; None: its tensor-parallel size "
+        "when the cluster has GPUs, else 0 (an explicit 0 on a GPU cluster is allowed and logged).",
+    )
+    rank_gpus: float | None = Field(
+        None, ge=0, description="GPUs each trainer rank reserves; None: 1 when the cluster has "
+        "GPUs, else 0 (an explicit 0 on a GPU cluster is allowed and logged).",
+    )
+    bind: Literal["auto", "loopback", "node"] = Field(
+        "auto",
+        description="Where servers and rank 0's rendezvous store listen and what they advertise: "
+        "loopback (127.0.0.1: one machine), node (the node's IP: the trainer reaches them across nodes; keep the "
+        "cluster network private), auto (node once the cluster has more than one alive node, else loopback).",
+    )
+    rank0_node: str = Field(
+        "head",
+        description="The node trainer rank 0 (the process that writes weights and checkpoints) "
+        "is placed on: head, or a node's IP address.",
+    )
+    fsdp_mesh: Literal["auto", "shard", "hybrid"] = Field(
+        "auto",
+        description="shard (1-D: parameters sharded over every rank), hybrid (2-D, HSDP: sharded "
+        "within a node, replicated across nodes; every node must hold the same number of ranks), auto (hybrid "
+        "when the ranks span more than one node and every node holds the same number, else shard).",
+    )
+    rank_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        description="How long one call on the trainer ranks (a train step, a save, a weight push) may "
+        "take; a rank that has not answered by then, or that failed, stops the run with an error naming it and its "
+        "node (the last checkpoint resumes it). Also the ranks' collective timeout (init_process_group).",
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment variables set in every actor (and its server process), on top "
+        "of the allow-listed ones forwarded from this process (asearch.launch.spec.FORWARDED_ENV).",
+    )
+
+    def cpus(self, trainer_threads: int) -> tuple[float, float]:
+        """Ray CPU reservations: (per server, per trainer rank)."""
+        return (self.server_cpus or float(self.server_threads), self.rank_cpus or float(trainer_threads))
+
+    def gpus(self, cluster_gpus: float, server_tp: int = 1) -> tuple[float, float]:
+        """Ray GPU reservations: (per server, per trainer rank). Unset ones follow the hardware: a server its
+        tensor-parallel size and a rank 1 GPU when the cluster has any, else 0."""
+        has = cluster_gpus > 0
+        server = self.server_gpus if self.server_gpus is not None else (float(server_tp) if has else 0.0)
+        rank = self.rank_gpus if self.rank_gpus is not None else (1.0 if has else 0.0)
+        return server, rank
+
+    def resolved_bind(self, alive_nodes: int) -> Literal["loopback", "node"]:
+        """`bind` with auto decided: node addresses once the cluster has more than one node."""
+        if self.bind != "auto":
+            return self.bind
+        return "node" if alive_nodes > 1 else "loopback"
+
+    def actor_env(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """The variables every actor gets: the allow-listed ones of `environ` (this process's), then `env`."""
+        return {k: v for k, v in environ.items() if forwarded(k)} | dict(self.env)
+
 
 # ---------------------------------------------------------------------------- actors (run on the cluster)
 
@@ -66,7 +145,7 @@ def gloo_on_node_interface() -> None:
 class RolloutServerActor:
     """Supervises one rollout server process on the node Ray placed this actor on."""
 
-    def __init__(self, model: str, index: int, allocation: Allocation, servers: RolloutServersConfig,
+    def __init__(self, model: str, index: int, allocation: RayAllocation, servers: RolloutServersConfig,
                  engine: InProcessEngineConfig, seed: int, log_path: str, cfg: SupervisorConfig):  # fmt: skip
         import ray
 
@@ -297,6 +376,8 @@ class RayLauncher(Launcher):
     everything (idempotent; `asearch train` calls it on every exit)."""
 
     places_trainer = True
+    options_model = RayAllocation
+    allocation: RayAllocation
 
     def __init__(self, model: str, allocation: Allocation, servers: RolloutServersConfig, **kwargs: Any):
         super().__init__(model, allocation, servers, **kwargs)

@@ -1,10 +1,15 @@
-"""What a launcher places (`Allocation`) and what every launcher does (`Launcher`: start, stop, manifest)."""
+"""What a launcher places (`Allocation`) and what every launcher does (`Launcher`: start, stop, manifest).
+
+A launcher's own options are an `Allocation` subclass it names as `options_model`: they sit under `allocation.`
+beside the common keys (the Ray launcher's `allocation.ray_address`, `RayAllocation` in launch/ray.py), and
+`TrainConfig` validates `allocation` against the options model of the launcher it picks.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import Field
 
@@ -19,88 +24,17 @@ if TYPE_CHECKING:
 
 
 class Allocation(Config):
-    """Rollout servers and trainer ranks of one run (e.g. 4 servers x 1 GPU and 4 FSDP ranks on a cluster)."""
+    """Rollout servers and trainer ranks of one run (e.g. 4 servers x 1 GPU and 4 FSDP ranks on a cluster): the
+    keys every launcher reads. A launcher with options of its own subclasses it (its `options_model`)."""
 
     rollout_servers: int = Field(2, ge=1, description="Rollout server processes to start.")
     server_threads: int = Field(1, ge=1, description="torch threads of each rollout server (CPU).")
     trainer_ranks: int = Field(
         1, ge=1, description="FSDP trainer processes (launcher=ray; launcher=local trains in this process)."
     )
-    # ---- Ray only
-    ray_address: str | None = Field(
-        None,
-        description="launcher=ray: the cluster to join (host:port of `ray start --head`); None: the "
-        "RAY_ADDRESS variable, else the cluster started on this machine.",
-    )
-    server_cpus: float | None = Field(
-        None, gt=0, description="launcher=ray: CPUs each server actor reserves (default server_threads)."
-    )
-    rank_cpus: float | None = Field(
-        None, gt=0, description="launcher=ray: CPUs each trainer rank reserves (default: the run's threads)."
-    )
-    server_gpus: float | None = Field(
-        None, ge=0, description="launcher=ray: GPUs each rollout server reserves; None: its tensor-parallel size "
-        "when the cluster has GPUs, else 0 (an explicit 0 on a GPU cluster is allowed and logged).",
-    )
-    rank_gpus: float | None = Field(
-        None, ge=0, description="launcher=ray: GPUs each trainer rank reserves; None: 1 when the cluster has "
-        "GPUs, else 0 (an explicit 0 on a GPU cluster is allowed and logged).",
-    )
-    bind: Literal["auto", "loopback", "node"] = Field(
-        "auto",
-        description="launcher=ray: where servers and rank 0's rendezvous store listen and what they advertise: "
-        "loopback (127.0.0.1: one machine), node (the node's IP: the trainer reaches them across nodes; keep the "
-        "cluster network private), auto (node once the cluster has more than one alive node, else loopback).",
-    )
-    rank0_node: str = Field(
-        "head",
-        description="launcher=ray: the node trainer rank 0 (the process that writes weights and checkpoints) "
-        "is placed on: head, or a node's IP address.",
-    )
-    fsdp_mesh: Literal["auto", "shard", "hybrid"] = Field(
-        "auto",
-        description="launcher=ray: shard (1-D: parameters sharded over every rank), hybrid (2-D, HSDP: sharded "
-        "within a node, replicated across nodes; every node must hold the same number of ranks), auto (hybrid "
-        "when the ranks span more than one node and every node holds the same number, else shard).",
-    )
-    rank_timeout_s: float = Field(
-        1800.0,
-        gt=0,
-        description="launcher=ray: how long one call on the trainer ranks (a train step, a save, a weight push) may "
-        "take; a rank that has not answered by then, or that failed, stops the run with an error naming it and its "
-        "node (the last checkpoint resumes it). Also the ranks' collective timeout (init_process_group).",
-    )
-    env: dict[str, str] = Field(
-        default_factory=dict,
-        description="launcher=ray: environment variables set in every actor (and its server process), on top "
-        "of the allow-listed ones forwarded from this process (asearch.launch.spec.FORWARDED_ENV).",
-    )
-
     def threads(self, trainer_threads: int) -> int:
         """CPU threads the run asks for: every server's, plus the trainer's."""
         return self.rollout_servers * self.server_threads + self.trainer_ranks * trainer_threads
-
-    def cpus(self, trainer_threads: int) -> tuple[float, float]:
-        """Ray CPU reservations: (per server, per trainer rank)."""
-        return (self.server_cpus or float(self.server_threads), self.rank_cpus or float(trainer_threads))
-
-    def gpus(self, cluster_gpus: float, server_tp: int = 1) -> tuple[float, float]:
-        """Ray GPU reservations: (per server, per trainer rank). Unset ones follow the hardware: a server its
-        tensor-parallel size and a rank 1 GPU when the cluster has any, else 0."""
-        has = cluster_gpus > 0
-        server = self.server_gpus if self.server_gpus is not None else (float(server_tp) if has else 0.0)
-        rank = self.rank_gpus if self.rank_gpus is not None else (1.0 if has else 0.0)
-        return server, rank
-
-    def resolved_bind(self, alive_nodes: int) -> Literal["loopback", "node"]:
-        """`bind` with auto decided: node addresses once the cluster has more than one node."""
-        if self.bind != "auto":
-            return self.bind
-        return "node" if alive_nodes > 1 else "loopback"
-
-    def actor_env(self, environ: Mapping[str, str]) -> dict[str, str]:
-        """The variables every actor gets: the allow-listed ones of `environ` (this process's), then `env`."""
-        return {k: v for k, v in environ.items() if forwarded(k)} | dict(self.env)
 
 
 # Forwarded to every Ray actor (runtime_env): communication, hub/cache, asearch, torch and thread settings. Not
@@ -140,6 +74,8 @@ class Launcher:
 
     # True for a launcher whose `trainer()` places trainer ranks (allocation.trainer_ranks > 1 needs one)
     places_trainer: ClassVar[bool] = False
+    # Its options: Allocation plus the launcher's own keys (under `allocation.` in a config)
+    options_model: ClassVar[type[Allocation]] = Allocation
 
     def __init__(
         self,
@@ -154,6 +90,8 @@ class Launcher:
         supervisor: SupervisorConfig | None = None,
         log: Callable[[str], Any] = print,
     ):
+        if not isinstance(allocation, self.options_model):  # the common keys given alone: this launcher's defaults
+            allocation = self.options_model.model_validate(allocation.model_dump(exclude_unset=True))
         self.model, self.allocation, self.servers, self.log_dir = model, allocation, servers, Path(log_dir)
         self.engine, self.seed, self.trainer_threads = engine or EngineConfig(), seed, trainer_threads
         self.sup_cfg, self.log = supervisor or SupervisorConfig(), log

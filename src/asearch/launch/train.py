@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import (
+    Field,
+    SerializeAsAny,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from asearch.agent.loop import AgentConfig
 from asearch.agent.openai_workflow import WorkflowConfig, make_workflow
@@ -77,7 +85,11 @@ class TrainConfig(LoopConfig):
         "(subprocesses) for this run; ray starts the servers and allocation.trainer_ranks FSDP trainer ranks "
         "as actors on a Ray cluster.",
     )
-    allocation: Allocation = Field(default_factory=Allocation, description="What a launcher starts.")
+    allocation: SerializeAsAny[Allocation] = Field(
+        default_factory=Allocation,
+        description="What a launcher starts: the common keys, and the launcher's own (its options model, e.g. "
+        "allocation.ray_address for launcher=ray).",
+    )
     device_memory_gb: float | None = Field(
         None, gt=0, description="Memory of one device (GPU, or the machine on a CPU) in GiB for the memory plan that "
         "`asearch train` checks before it starts anything (docs/plan.md). None: the visible GPU's, else this machine's "
@@ -114,6 +126,23 @@ class TrainConfig(LoopConfig):
         if isinstance(engine, Mapping) and "model" not in engine and "model" in data:
             data = {**data, "engine": {**engine, "model": data["model"]}}  # the engine samples from the policy
         return data
+
+    @field_validator("allocation", mode="wrap")
+    @classmethod
+    def _launcher_options(cls, value: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo) -> Allocation:
+        """`allocation` as the options model of the launcher `launcher` picks (Allocation plus its own keys)."""
+        launcher = info.data.get("launcher", "none")
+        model = launcher_type(launcher).options_model if launcher in launcher_names() else Allocation
+        if isinstance(value, Allocation):
+            value = value.model_dump(exclude_unset=True)
+        if isinstance(value, Mapping):
+            for key in (k for k in value if k not in model.model_fields):
+                owners = [n for n in launcher_names() if key in launcher_type(n).options_model.model_fields]
+                if owners:
+                    raise PydanticCustomError(
+                        "launcher_option", f"allocation.{key} is an option of launcher {owners[0]} (launcher={launcher})"
+                    )
+        return model.model_validate(value) if model is not Allocation else handler(value)
 
     @model_validator(mode="after")
     def _check_servers(self) -> TrainConfig:
