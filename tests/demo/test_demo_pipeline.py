@@ -138,7 +138,7 @@ def test_the_long_preset_trains_access_and_reading_turns(tmp_path: Path) -> None
     assert "chunks_per_call: 1" in config and "reading_turns: true" in config and "compact_when: full" in config
     steps = [json.loads(line) for line in (out / "rl" / "metrics.jsonl").read_text().splitlines()]
     trained = [m for m in steps if "rollout/reward_mean" in m]
-    assert trained and all({"rollout/accesses_mean", "rollout/read_turns_mean", "rollout/compactions_mean"} <= set(m) for m in trained)
+    assert trained and all({"rollout/tool_calls/accesses", "rollout/read_turns_mean", "rollout/compactions_mean"} <= set(m) for m in trained)
 
 
 def test_the_demo_trains_a_given_pretrained_model_with_lora(tmp_path: Path, save_world_model) -> None:

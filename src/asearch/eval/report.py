@@ -22,10 +22,28 @@ from typing import Any
 
 from asearch.metrics.aggregate import Estimate, avg_at_k, bootstrap_mean, pass_at_k
 
-__all__ = ["METRICS", "STAT_COUNTERS", "data_source_of", "render_markdown", "summarize"]
+__all__ = ["METRICS", "STAT_COUNTERS", "data_source_of", "render_markdown", "summarize", "tool_calls_text"]
 
 METRICS = ("em", "f1", "cem")
-STAT_COUNTERS = ("searches", "accesses", "generated_tokens", "parse_errors", "tool_errors", "read_turns")
+STAT_COUNTERS = ("generated_tokens", "parse_errors", "tool_errors", "read_turns")
+# The agent's own counters (agent/loop.py, agent/openai_session.py): every other counter of a record is one a tool
+# published (its `counter`: searches, accesses, finds, ...), summarized and shown under that name.
+AGENT_COUNTERS = frozenset(
+    {"llm_calls", "generated_tokens", "read_turns", "compactions", "auto_closed", "parse_errors", "tool_errors",
+     "prompt_mismatches", "agent_errors", "tool_calls", "tool_call_parse_errors"}
+)  # fmt: skip
+LEGACY_TOOL_COUNTERS = ("searches", "accesses")  # the stats of summaries written before tools published theirs
+
+
+def tool_counters_of(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The tools' counters in `records`, in the order they first appear."""
+    return list(dict.fromkeys(c for r in records for c in (r.get("counters") or {}) if c not in AGENT_COUNTERS))
+
+
+def tool_calls_text(stats: Mapping[str, Any], digits: int = 1) -> str:
+    """`searches 2.1, accesses 0.4`: the mean calls of every tool a summary's stats hold."""
+    names = stats.get("tool_counters", [c for c in LEGACY_TOOL_COUNTERS if c in stats])
+    return ", ".join(f"{c} {_num(stats.get(c), digits)}" for c in names) or "–"
 
 
 def _estimate(e: Estimate | None) -> dict[str, float] | None:
@@ -132,11 +150,12 @@ def summarize_group(
     else:
         out["judge"] = None
 
-    counters = [r.get("counters") or {} for r in used]
+    counters, tools = [r.get("counters") or {} for r in used], tool_counters_of(used)
     out["stats"] = {
         "runs": len(used),
         "turns": _mean([r.get("num_turns", 0) for r in used]),
-        **{c: _mean([float(cs.get(c, 0)) for cs in counters]) for c in STAT_COUNTERS},
+        **{c: _mean([float(cs.get(c, 0)) for cs in counters]) for c in (*tools, *STAT_COUNTERS)},
+        "tool_counters": tools,
         "no_answer_rate": _mean([float(r.get("prediction") is None) for r in used]),
         "finish": dict(sorted(Counter(str(r.get("finish")) for r in used).items())),
     }
@@ -202,8 +221,8 @@ def _table(rows: Sequence[tuple[str, Mapping[str, Any]]], k: int, first: str) ->
     """The metrics table: one row per (name, summary)."""
     lines = [
         f"| {first} | n | EM Avg@{k} | F1 Avg@{k} | CEM Avg@{k} | EM Pass@{k} | F1 Pass@{k} | judge acc. "
-        "| judge fail. | turns | searches | accesses | gen. tokens | parse err. | no answer % |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| judge fail. | turns | tool calls | gen. tokens | parse err. | no answer % |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, s in rows:
         n = f"{s['n']}" + (f"/{s['expected']}" if s.get("expected") not in (None, s["n"]) else "")
@@ -222,8 +241,7 @@ def _table(rows: Sequence[tuple[str, Mapping[str, Any]]], k: int, first: str) ->
             _pct(j.get("accuracy")) if j else "–",
             str(j.get("failures", "–")) if j else "–",
             _num(st.get("turns"), 1),
-            _num(st.get("searches"), 1),
-            _num(st.get("accesses"), 1),
+            tool_calls_text(st),
             _num(st.get("generated_tokens"), 0),
             _num(st.get("parse_errors"), 2),
             "–" if no_answer is None else f"{100 * no_answer:.1f}",

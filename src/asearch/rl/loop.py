@@ -34,6 +34,7 @@ from asearch.rl.controller import ControllerConfig, EpisodeFn, Group, RolloutCon
 from asearch.rl.trainer import Sample, Trainer, TrainerConfig, groups_to_samples
 from asearch.rl.weights import WeightSync
 from asearch.runs import RunDir
+from asearch.tools.registry import tool_counters
 
 Log = Callable[[str], Any]
 
@@ -301,8 +302,7 @@ def rollout_metrics(
         "rollout/reward_mean": sum(t.reward or 0.0 for t in trajs) / k,
         "rollout/accuracy": sum(t.score or 0.0 for t in trajs) / k,
         "rollout/turns_mean": sum(t.num_turns for t in trajs) / k,
-        "rollout/searches_mean": sum(t.counters.get("searches", 0) for t in trajs) / k,
-        "rollout/accesses_mean": sum(t.counters.get("accesses", 0) for t in trajs) / k,
+        **{f"rollout/tool_calls/{c}": sum(t.counters.get(c, 0) for t in trajs) / k for c in tool_counters()},
         "rollout/read_turns_mean": sum(t.counters.get("read_turns", 0) for t in trajs) / k,
         "rollout/compactions_mean": sum(t.counters.get("compactions", 0) for t in trajs) / k,
         "rollout/gen_tokens_mean": sum(t.generated_tokens for t in trajs) / k,

@@ -97,8 +97,9 @@ class Tool(Protocol[ArgsT]):
 
     Optional class attributes, read with defaults by the agent and `build_tools` (see `tool_argument_hint`,
     `tool_counter` and `asearch.tools.registry`): `argument_hint` ("query"; default "argument"), `counter`
-    (the trajectory counter of its calls, "searches"; default its name), `order`, `config_class`,
-    `enabled_by_default` and `from_sources`.
+    (the trajectory counter of its calls, "searches"; default its name: the counter it publishes, which the
+    RL metrics (`rollout/tool_calls/<counter>`), the eval report and the viewer show with no edit of theirs),
+    `order`, `config_class`, `enabled_by_default` and `from_sources`.
     """
 
     name: str

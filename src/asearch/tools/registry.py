@@ -59,6 +59,13 @@ def argument_hints() -> dict[str, str]:
     return {name: getattr(factory, "argument_hint", "argument") for name, factory in TOOLS.items()}
 
 
+def tool_counters() -> list[str]:
+    """The trajectory counter of every registered tool's calls (its `counter`, else its name), in prompt order:
+    what the RL loop reports per episode as `rollout/tool_calls/<counter>`."""
+    classes = sorted(TOOLS.items(), key=lambda item: (int(getattr(item[1], "order", DEFAULT_ORDER)), item[0]))
+    return list(dict.fromkeys(str(getattr(cls, "counter", name)) for name, cls in classes))
+
+
 def make_tool(name: str, **kwargs: Any) -> Tool[Any]:
     """Build the tool registered as `name`; `kwargs` go to its constructor (e.g. backend=, config=)."""
     return TOOLS.get(name)(**kwargs)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
+from asearch.eval.report import tool_calls_text
 from asearch.metrics.horizon import PER_EPISODE_MEANS
 from asearch.metrics.offpolicy import (
     MASKED_FRAC,
@@ -77,7 +78,8 @@ class Chart:
 CHARTS: tuple[Chart, ...] = (
     Chart("Reward", ("rollout/reward_mean", "rollout/accuracy"), "mean over the step's trajectories"),
     Chart("Held-out accuracy", ("eval/heldout_acc",), "greedy, held-out questions"),
-    Chart("Turns per episode", ("rollout/turns_mean", "rollout/searches_mean", "rollout/accesses_mean", "rollout/read_turns_mean")),
+    Chart("Turns per episode", ("rollout/turns_mean", "rollout/read_turns_mean")),
+    Chart("Tool calls per episode", ("rollout/tool_calls/",), "every tool's published counter"),
     Chart("Compactions per episode", ("rollout/compactions_mean",)),
     Chart("Generated tokens per episode", ("rollout/gen_tokens_mean",)),
     Chart("Staleness", ("rollout/staleness_mean", "rollout/staleness_max"), "policy versions behind"),
@@ -422,7 +424,7 @@ def _eval_section(
                     f"<td>{_pct(_estimate(g, m, e))}</td>" for m in ("em", "f1", "cem") for e, _ in _ESTIMATES
                 )
                 + f"<td>{_pct(j.get('accuracy'))}</td><td>{esc(j.get('failures', '–'))}</td>"
-                f"<td>{esc(_num(st.get('turns')))}</td><td>{esc(_num(st.get('searches')))}</td>"
+                f"<td>{esc(_num(st.get('turns')))}</td><td>{esc(tool_calls_text(st))}</td>"
                 f"<td>{esc(_num(st.get('generated_tokens'), 0))}</td>"
                 f"<td>{esc('–' if no_answer is None else f'{100 * no_answer:.1f}')}</td></tr>"
             )
@@ -430,7 +432,7 @@ def _eval_section(
     detail = (
         '<table class="eval detail"><caption>All metrics, % [95% CI]</caption><thead><tr><th>run</th><th>dataset</th>'
         f"<th>n</th><th>k</th>{metric_heads}<th>judge acc.</th><th>judge fail.</th><th>turns</th>"
-        "<th>searches</th><th>gen. tokens</th><th>no answer %</th></tr></thead>"
+        "<th>tool calls</th><th>gen. tokens</th><th>no answer %</th></tr></thead>"
         f"<tbody>{''.join(detail_rows)}</tbody></table>"
     )
     return (
