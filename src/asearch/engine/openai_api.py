@@ -17,9 +17,10 @@ holding back any tail that could still grow into a stop string, so the pieces ad
 non-streamed request returns. Log-probs are the sampled tokens' under the distribution they were drawn from
 (after temperature, top-k and top-p), as `/generate` reports them; there are no top alternatives.
 
-Errors have OpenAI's shape, {"error": {"message", "type", "param", "code"}}: 400 for a bad request (a
-setting this server cannot honour is refused, never ignored), 404 `model_not_found` for a `model` other
-than the served name (a request without `model` gets the served one).
+Request bodies are validated by the pydantic models of `openai_requests` (ChatCompletionRequest,
+CompletionRequest). Errors have OpenAI's shape, {"error": {"message", "type", "param", "code"}}: 400 for a
+bad request, `param` naming the field (a setting this server cannot honour is refused, never ignored), 404
+`model_not_found` for a `model` other than the served name (a request without `model` gets the served one).
 """
 
 from __future__ import annotations
@@ -46,7 +47,14 @@ from asearch.engine.chat_tools import (
     streamable,
     template_message,
     tool_call_format,
-    tool_request,
+)
+from asearch.engine.openai_requests import (
+    MAX_CHOICES,
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingFields,
+    parse_request,
 )
 from asearch.engine.types import GenerateResponse, SamplingParams
 
@@ -55,29 +63,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_CHOICES = 128  # OpenAI's own cap on n
-
-
-class APIError(Exception):
-    """A request error answered in OpenAI's shape; `param` names the request field at fault."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        param: str | None = None,
-        status_code: int = 400,
-        kind: str = "invalid_request_error",
-        code: str | None = None,
-    ):
-        super().__init__(message)
-        self.param = param
-        self.status_code = status_code
-        self.kind = kind
-        self.code = code
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
+__all__ = ["APIError", "TextTracker", "complete", "json_body", "mount_openai_api"]
 
 
 class TokenServer(Protocol):
@@ -113,103 +99,27 @@ async def json_body(request: Request) -> dict[str, Any]:
     return data
 
 
-# --------------------------------------------------------------------------- request fields
+# --------------------------------------------------------------------------- requests (openai_requests)
 
 
-def _number(body: dict[str, Any], name: str, default: float, *, lo: float, hi: float | None = None) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or value < lo
-        or (hi is not None and value > hi)
-    ):
-        bounds = f">= {lo:g}" if hi is None else f"in [{lo:g}, {hi:g}]"
-        raise APIError(f"{name} must be a number {bounds}, got {value!r}", param=name)
-    return float(value)
+def sampling_params(req: SamplingFields, *, eos_token_ids: Sequence[int], max_new_default: int) -> SamplingParams:
+    """The engine's sampling settings for a validated request.
 
-
-def _integer(body: dict[str, Any], name: str, default: int | None, *, lo: int | None = None) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or (lo is not None and value < lo):
-        raise APIError(
-            f"{name} must be an integer{'' if lo is None else f' >= {lo}'}, got {value!r}", param=name
-        )
-    return value
-
-
-def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise APIError(f"{name} must be true or false, got {value!r}", param=name)
-    return value
-
-
-def _token_ids(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
-
-
-# Settings this server cannot honour: (field, the values it accepts, what to send instead). A request with
-# any other value answers 400 rather than silently sampling differently from what it asked for.
-UNSUPPORTED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
-    ("presence_penalty", lambda v: v in (None, 0), "penalties are not supported: send 0"),
-    ("frequency_penalty", lambda v: v in (None, 0), "penalties are not supported: send 0"),
-    ("repetition_penalty", lambda v: v in (None, 1), "penalties are not supported: send 1"),
-    ("min_p", lambda v: v in (None, 0), "min_p is not supported: send 0"),
-    ("logit_bias", lambda v: not v, "logit_bias is not supported"),
-    ("functions", lambda v: not v, "function calling is not supported"),
-    (
-        "response_format",
-        lambda v: v is None or v == {"type": "text"},
-        "only response_format type text is supported",
-    ),
-    ("top_logprobs", lambda v: not v, "top_logprobs is not supported: only the sampled token's log-prob"),
-    ("echo", lambda v: not v, "echo is not supported"),
-    ("suffix", lambda v: not v, "suffix is not supported"),
-)
-
-
-def sampling_params(
-    body: dict[str, Any], *, eos_token_ids: Sequence[int], max_new_default: int
-) -> SamplingParams:
-    """The engine's sampling settings for an OpenAI request body.
-
-    `max_completion_tokens` (or the older `max_tokens`) defaults to `max_new_default`; `stop` is a string or
-    a list; `seed` seeds the choice's random stream. vLLM's extensions `top_k` (-1 or 0: off),
-    `stop_token_ids` and `ignore_eos` are read too. The tokenizer's EOS ends a choice unless `ignore_eos`.
+    `max_completion_tokens` (or the older `max_tokens`) defaults to `max_new_default`; `seed` seeds the
+    choice's random stream. vLLM's extensions `top_k` (-1 or 0: off), `stop_token_ids` and `ignore_eos` are
+    read too. The tokenizer's EOS ends a choice unless `ignore_eos`.
     """
-    for name, accepted, hint in UNSUPPORTED:
-        if not accepted(body.get(name)):
-            raise APIError(f"{name}={body.get(name)!r}: {hint}", param=name)
-    max_new = _integer(body, "max_completion_tokens", None, lo=1)
-    if max_new is None:
-        max_new = _integer(body, "max_tokens", max_new_default, lo=1)
-    stop = body.get("stop")
-    stop = [stop] if isinstance(stop, str) else stop if stop is not None else []
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise APIError(f"stop must be a string or a list of strings, got {body.get('stop')!r}", param="stop")
-    stop_ids = body.get("stop_token_ids") or []
-    if not _token_ids(stop_ids):
-        raise APIError(f"stop_token_ids must be a list of integers, got {stop_ids!r}", param="stop_token_ids")
-    if not _flag(body, "ignore_eos", False):
-        stop_ids = [*stop_ids, *(t for t in eos_token_ids if t not in stop_ids)]
-    top_p = _number(body, "top_p", 1.0, lo=0.0, hi=1.0)
-    if top_p == 0.0:
-        raise APIError("top_p must be > 0 (use temperature 0 for greedy decoding)", param="top_p")
+    stop_ids = list(req.stop_token_ids)
+    if not req.ignore_eos:
+        stop_ids += [t for t in eos_token_ids if t not in stop_ids]
     return SamplingParams(
-        temperature=_number(body, "temperature", 1.0, lo=0.0),
-        top_p=top_p,
-        top_k=max(0, _integer(body, "top_k", -1, lo=-1) or 0),
-        max_new_tokens=int(max_new or max_new_default),
-        stop=[s for s in stop if s],
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=max(0, req.top_k),
+        max_new_tokens=req.max_new_tokens or max_new_default,
+        stop=req.stops,
         stop_token_ids=stop_ids,
-        seed=_integer(body, "seed", None),
+        seed=req.seed,
     )
 
 
@@ -224,40 +134,19 @@ class Options:
     skip_special_tokens: bool = True  # vLLM's extension; special tokens are left out of the text
 
 
-def request_options(body: dict[str, Any], *, chat: bool) -> Options:
-    n = _integer(body, "n", 1, lo=1)
-    assert n is not None
-    if n > MAX_CHOICES:
-        raise APIError(f"n must be at most {MAX_CHOICES}, got {n}", param="n")
-    best_of = body.get("best_of")
-    if best_of not in (None, n):
-        raise APIError(
-            f"best_of={best_of!r} is not supported: leave it out (or send best_of = n)", param="best_of"
-        )
-    if chat:
-        logprobs = _flag(body, "logprobs", False)
-    else:  # completions: an int, the number of alternatives per token beside the sampled one
-        count = _integer(body, "logprobs", None, lo=0)
-        if count:
-            raise APIError(
-                f"logprobs={count}: only the sampled token's log-prob is available, send logprobs=0",
-                param="logprobs",
-            )
-        logprobs = count == 0
-    stream_options = body.get("stream_options") or {}
-    if not isinstance(stream_options, dict):
-        raise APIError("stream_options must be an object", param="stream_options")
+def request_options(req: ChatCompletionRequest | CompletionRequest) -> Options:
+    # chat: logprobs is a flag; completions: a count of alternatives, of which only 0 is served
+    logprobs = req.logprobs if isinstance(req, ChatCompletionRequest) else req.logprobs == 0
     return Options(
-        n=n,
-        stream=_flag(body, "stream", False),
-        include_usage=_flag(stream_options, "include_usage", False),
-        logprobs=logprobs,
-        skip_special_tokens=_flag(body, "skip_special_tokens", True),
+        n=req.n,
+        stream=req.stream,
+        include_usage=req.include_usage,
+        logprobs=bool(logprobs),
+        skip_special_tokens=req.skip_special_tokens,
     )
 
 
-def check_model(body: dict[str, Any], served: str) -> None:
-    model = body.get("model")
+def check_model(model: str | None, served: str) -> None:
     if model is not None and model != served:
         raise APIError(
             f"The model {model!r} does not exist: this server serves {served!r} (GET /v1/models)",
@@ -270,37 +159,6 @@ def check_model(body: dict[str, Any], served: str) -> None:
 # --------------------------------------------------------------------------- prompts
 
 
-def _message(m: Any, i: int) -> dict[str, Any]:
-    """One chat message as the template wants it: {role, content}, text parts joined by newlines, with an
-    assistant's `tool_calls` and a tool turn's `tool_call_id` (`chat_tools.template_message`)."""
-    where = f"messages[{i}]"
-    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-        raise APIError(f"{where} must be an object with a string role, got {m!r}", param=where)
-    content = m.get("content")
-    if isinstance(content, list):
-        texts = []
-        for j, part in enumerate(content):
-            if (
-                not isinstance(part, dict)
-                or part.get("type") != "text"
-                or not isinstance(part.get("text"), str)
-            ):
-                raise APIError(
-                    f"{where}.content[{j}]: only text parts are supported, got {part!r}",
-                    param=f"{where}.content",
-                )
-            texts.append(part["text"])
-        content = "\n".join(texts)
-    elif content is None:  # an assistant turn that only called tools
-        content = ""
-    elif not isinstance(content, str):
-        raise APIError(f"{where}.content must be a string or a list of text parts", param=f"{where}.content")
-    try:
-        return template_message(m, content)
-    except ToolRequestError as e:
-        raise APIError(f"{where}: {e}", param=where) from None
-
-
 @dataclass(frozen=True, slots=True)
 class ChatTools:
     """A chat request's tools and the format its replies are parsed in (the chat template's)."""
@@ -309,13 +167,9 @@ class ChatTools:
     format: FormatName
 
 
-def chat_tools(tokenizer: PreTrainedTokenizerBase, body: dict[str, Any], served: str) -> ChatTools | None:
+def chat_tools(tokenizer: PreTrainedTokenizerBase, req: ChatCompletionRequest, served: str) -> ChatTools | None:
     """The request's tools (None without any); refused when the model's chat template renders none."""
-    try:
-        request = tool_request(body)
-    except ToolRequestError as e:
-        raise APIError(str(e), param=e.param) from None
-    if request is None:
+    if not req.tools:
         return None
     fmt = tool_call_format(tokenizer)
     if fmt is None:
@@ -324,40 +178,36 @@ def chat_tools(tokenizer: PreTrainedTokenizerBase, body: dict[str, Any], served:
             "describe them in the messages instead",
             param="tools",
         )
-    return ChatTools(request, fmt)
+    choice = req.tool_choice if isinstance(req.tool_choice, str) else "auto"  # a named one is refused already
+    return ChatTools(ToolRequest(tuple(t.model_dump(exclude_unset=True) for t in req.tools), choice), fmt)
 
 
 def chat_prompt(
-    tokenizer: PreTrainedTokenizerBase, body: dict[str, Any], served: str, tools: ChatTools | None = None
+    tokenizer: PreTrainedTokenizerBase, req: ChatCompletionRequest, served: str, tools: ChatTools | None = None
 ) -> list[int]:
     """The prompt ids of a chat request: its messages (and `tools`) rendered with the tokenizer's chat template.
 
     vLLM's `add_generation_prompt` (default true) and `continue_final_message` (default false: continue the
     last, assistant message instead of opening a new reply) are honoured; `OpenAIChatEngine` sends them.
     """
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise APIError("messages must be a non-empty list of {role, content} objects", param="messages")
     if not getattr(tokenizer, "chat_template", None):
         raise APIError(
             f"the model {served!r} has no chat template, so it cannot answer chat requests: "
             "send a prompt to /v1/completions instead",
             param="messages",
         )
-    conversation = [_message(m, i) for i, m in enumerate(messages)]
-    add_generation_prompt = _flag(body, "add_generation_prompt", True)
-    continue_final = _flag(body, "continue_final_message", False)
-    if continue_final and (add_generation_prompt or conversation[-1]["role"] != "assistant"):
-        raise APIError(
-            "continue_final_message needs add_generation_prompt=false and a last message with role assistant",
-            param="continue_final_message",
-        )
+    conversation = []
+    for i, m in enumerate(req.messages):
+        try:  # {role, content}, an assistant's tool_calls with dict arguments, a tool turn's tool_call_id
+            conversation.append(template_message(m.template_form(), m.text))
+        except ToolRequestError as e:
+            raise APIError(f"messages[{i}]: {e}", param=f"messages[{i}]") from None
     try:
         text = tokenizer.apply_chat_template(
             conversation,
             tokenize=False,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final,
+            add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message,
             **({"tools": list(tools.request.tools)} if tools is not None else {}),
         )
     except Exception as e:  # noqa: BLE001 - jinja's TemplateError (roles that must alternate, ...) and kin
@@ -365,25 +215,12 @@ def chat_prompt(
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def completion_prompts(tokenizer: PreTrainedTokenizerBase, body: dict[str, Any]) -> list[list[int]]:
+def completion_prompts(tokenizer: PreTrainedTokenizerBase, req: CompletionRequest) -> list[list[int]]:
     """The prompt ids of a completions request: `prompt` is a string, a list of token ids, or a list of
     either (a batch; its choices are numbered prompt by prompt, n each)."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, str) or (_token_ids(prompt) and prompt):
-        prompt = [prompt]
-    if not isinstance(prompt, list) or not prompt:
-        raise APIError(
-            "prompt must be a string, a list of token ids, or a non-empty list of either", param="prompt"
-        )
-    out = []
-    for p in prompt:
-        if isinstance(p, str):
-            out.append(list(tokenizer.encode(p, add_special_tokens=True)))
-        elif _token_ids(p):
-            out.append(list(p))
-        else:
-            raise APIError(f"each prompt must be a string or a list of token ids, got {p!r}", param="prompt")
-    return out
+    return [
+        list(tokenizer.encode(p, add_special_tokens=True)) if isinstance(p, str) else list(p) for p in req.prompts
+    ]
 
 
 def check_prompt(ids: list[int], engine: Any, param: str) -> None:
@@ -774,27 +611,28 @@ async def complete(
     server: TokenServer, body: dict[str, Any], *, chat: bool
 ) -> JSONResponse | StreamingResponse:
     """Answer one `/v1/chat/completions` (chat) or `/v1/completions` request body. A server with
-    `accept_any_model` (a training session) answers whatever `model` a request names; `max_choices` caps n."""
+    `accept_any_model` (a training session) answers whatever `model` a request names; `max_choices` caps n.
+    The body is validated first (`openai_requests.parse_request`): a bad field is a 400 naming it."""
+    req = parse_request(body, chat=chat)
     if not getattr(server, "accept_any_model", False):
-        check_model(body, server.served_model_name)
+        check_model(req.model, server.served_model_name)
     tokenizer = getattr(server.engine, "tokenizer", None)
     if tokenizer is None:
         raise APIError("this server's engine has no tokenizer: OpenAI requests need one")
-    options = request_options(body, chat=chat)
+    options = request_options(req)
     if options.n > getattr(server, "max_choices", MAX_CHOICES):
         raise APIError(f"n={options.n}: this server answers at most {server.max_choices} choice(s)", param="n")  # type: ignore[attr-defined]
-    tools = chat_tools(tokenizer, body, server.served_model_name) if chat else None
-    prompts = (
-        [chat_prompt(tokenizer, body, server.served_model_name, tools)]
-        if chat
-        else completion_prompts(tokenizer, body)
-    )
+    if isinstance(req, ChatCompletionRequest):
+        tools = chat_tools(tokenizer, req, server.served_model_name)
+        prompts = [chat_prompt(tokenizer, req, server.served_model_name, tools)]
+    else:
+        tools, prompts = None, completion_prompts(tokenizer, req)
     for ids in prompts:
         check_prompt(ids, server.engine, "messages" if chat else "prompt")
     context = getattr(server.engine, "max_seq_len", 2048)
     choices, sampling = [], []
     for p, ids in enumerate(prompts):
-        sp = sampling_params(body, eos_token_ids=server.eos_token_ids, max_new_default=context - len(ids))
+        sp = sampling_params(req, eos_token_ids=server.eos_token_ids, max_new_default=context - len(ids))
         for j in range(options.n):  # choices of one prompt differ: each gets its own seed (seed + j)
             sampling.append(sp if sp.seed is None else dataclasses.replace(sp, seed=sp.seed + j))
             tracker = TextTracker(tokenizer, sp.stop, skip_special_tokens=options.skip_special_tokens)
@@ -835,5 +673,5 @@ def mount_openai_api(app: FastAPI, server: TokenServer) -> None:
 
     @app.get("/v1/models/{name:path}")
     async def model(name: str) -> JSONResponse:
-        check_model({"model": name}, server.served_model_name)
+        check_model(name, server.served_model_name)
         return JSONResponse(model_card(server))
