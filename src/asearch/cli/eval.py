@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -38,22 +36,9 @@ def _flag_overrides(**flags: Any) -> list[str]:
 
 
 def _run_config_model() -> type:
-    """The YAML shape of `asearch eval -c`: the runtime's engine/tools/agent plus an `eval:` section.
-
-    Built on first use so that `asearch --help` does not import the agent runtime.
-    """
-    from pydantic import Field
-
-    from asearch.agent.openai_workflow import WorkflowConfig
-    from asearch.agent.runtime import RuntimeConfig
-    from asearch.eval.config import EvalConfig
-
-    class EvalRunConfig(RuntimeConfig):
-        eval: EvalConfig = Field(default_factory=EvalConfig)
-        workflow: WorkflowConfig = Field(
-            default_factory=WorkflowConfig, description="Which agent answers: asearch's own (search_agent) or an "
-            "OpenAI-client agent function (openai_agent, docs/agents-openai.md).",
-        )
+    """The YAML shape of `asearch eval -c` (`asearch.eval.job.EvalRunConfig`), imported on first use so that
+    `asearch --help` does not import the agent runtime."""
+    from asearch.eval.job import EvalRunConfig
 
     return EvalRunConfig
 
@@ -74,87 +59,47 @@ def _aggregate_config_model() -> type:
     return AggregateConfig
 
 
-def _canonical_corpus(spec: str | None) -> str | None:
-    """`world:1000` -> `world:seed=1000,entities=2000` (the name WorldCorpus reports); others unchanged."""
-    if not spec or not (spec == "world" or spec.startswith("world:")):
-        return spec
-    from asearch.corpus.sources import parse_world_spec
-    from asearch.corpus.world.source import WorldCorpus
-
-    return WorldCorpus(**parse_world_spec(spec)).name  # type: ignore[arg-type]
-
-
-def _warn_corpus_mismatch(records: list[Any], tools_cfg: Any) -> None:
-    """Built-in questions name the corpus they are about; searching another corpus cannot answer them."""
-    if tools_cfg.index is not None or tools_cfg.server_url is not None:
-        return  # cannot tell what a prebuilt index or a server holds
-    wanted = sorted({r.metadata["corpus"] for r in records if isinstance(r.metadata.get("corpus"), str)})
-    have = _canonical_corpus(tools_cfg.corpus)
-    for corpus in wanted:
-        if corpus != have:
-            console.print(
-                f"[yellow]warning[/yellow]: some questions are about corpus {escape(corpus)!s} but the tools search "
-                f"{escape(str(tools_cfg.corpus))}; set tools.corpus={escape(corpus)}"
-            )
+DatasetOption = Annotated[list[str] | None, typer.Option(
+    "--dataset", "-d", help="Dataset: world[:opts], wiki10k[:opts], a file, a dir, or a name under --data-dir. Repeatable."
+)]  # fmt: skip
+AggregateOption = Annotated[bool, typer.Option(
+    "--aggregate-only", help="Recompute the summary from results on disk; run nothing."
+)]  # fmt: skip
+JudgeOption = Annotated[str | None, typer.Option(
+    "--judge", help="local: serve the judge model (--judge-model, default smollm2-135m-instruct) for this run "
+    "with `asearch engine serve` on a free loopback port, stopped at the end.",
+)]  # fmt: skip
+JudgeModelOption = Annotated[str | None, typer.Option(
+    "--judge-model", help="Judge model: the name the --judge-url endpoint serves, or with --judge local a directory, "
+    "Hugging Face name or alias.",
+)]  # fmt: skip
+ReplayOption = Annotated[Path | None, typer.Option(
+    "--replay", help="Answer every search/access from RUN_DIR's tool record only, calling no backend; misses are "
+    "refused and counted (docs/replay.md).",
+)]  # fmt: skip
+AllowEmptyOption = Annotated[bool, typer.Option(
+    "--allow-empty", help="Accept a dataset file without questions (runs nothing)."
+)]  # fmt: skip
 
 
 @app.callback(invoke_without_command=True)
 def eval_command(
-    dataset: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--dataset",
-            "-d",
-            help="Dataset: world[:opts], wiki10k[:opts], a file, a dir, or a name under --data-dir. Repeatable.",
-        ),
-    ] = None,
+    dataset: DatasetOption = None,
     k: Annotated[int | None, typer.Option("--k", help="Passes per question (Avg@k / Pass@k).")] = None,
-    seeds: Annotated[
-        str | None, typer.Option("--seeds", help="Comma-separated seed per pass (sets k).")
-    ] = None,
+    seeds: Annotated[str | None, typer.Option("--seeds", help="Comma-separated seed per pass (sets k).")] = None,
     concurrency: Annotated[int | None, typer.Option("--concurrency", help="Questions in flight.")] = None,
-    shard: Annotated[
-        str | None, typer.Option("--shard", help="i/n: run one of n parts of the questions.")
-    ] = None,
+    shard: Annotated[str | None, typer.Option("--shard", help="i/n: run one of n parts of the questions.")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Output dir (rerun with it to resume).")] = None,
     split: Annotated[str | None, typer.Option("--split", help="Split file under the data dir.")] = None,
     data_dir: Annotated[Path | None, typer.Option("--data-dir", help="Where fetched datasets live.")] = None,
     limit: Annotated[int | None, typer.Option("--limit", help="First N questions of each dataset.")] = None,
-    aggregate: Annotated[
-        bool,
-        typer.Option("--aggregate-only", help="Recompute the summary from results on disk; run nothing."),
-    ] = False,
-    judge_url: Annotated[
-        str | None, typer.Option("--judge-url", help="OpenAI-compatible judge base url.")
-    ] = None,
-    judge: Annotated[
-        str | None,
-        typer.Option(
-            "--judge",
-            help="local: serve the judge model (--judge-model, default smollm2-135m-instruct) for this run "
-            "with `asearch engine serve` on a free loopback port, stopped at the end.",
-        ),
-    ] = None,
-    judge_model: Annotated[
-        str | None,
-        typer.Option(
-            "--judge-model",
-            help="Judge model: the name the --judge-url endpoint serves, or with --judge local a directory, "
-            "Hugging Face name or alias.",
-        ),
-    ] = None,
+    aggregate: AggregateOption = False,
+    judge_url: Annotated[str | None, typer.Option("--judge-url", help="OpenAI-compatible judge base url.")] = None,
+    judge: JudgeOption = None,
+    judge_model: JudgeModelOption = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
-    replay: Annotated[
-        Path | None,
-        typer.Option(
-            "--replay",
-            help="Answer every search/access from RUN_DIR's tool record only, calling no backend; misses are "
-            "refused and counted (docs/replay.md).",
-        ),
-    ] = None,
-    allow_empty: Annotated[
-        bool, typer.Option("--allow-empty", help="Accept a dataset file without questions (runs nothing).")
-    ] = False,
+    replay: ReplayOption = None,
+    allow_empty: AllowEmptyOption = False,
     config: ConfigOption = None,
     overrides: OverridesArg = None,
 ) -> None:
@@ -164,22 +109,27 @@ def eval_command(
     `asearch eval -d nq -d hotpotqa --limit 500 -c configs/eval.yaml --judge-url http://127.0.0.1:8001/v1
     --judge-model Qwen2.5-72B-Instruct`; `asearch eval --out runs/eval/x --aggregate-only`.
     """
-    from asearch.config import dump_config, load_config
-    from asearch.eval.config import build_judge, default_out_dir, local_judge_server
-    from asearch.eval.runner import aggregate_only, parse_shard
+    from asearch.config import load_config
 
     seed_list = _parse_seeds(seeds) if seeds else None
     flags = _flag_overrides(
-        datasets=dataset or None,
-        k=len(seed_list) if seed_list else k,
-        seeds=seed_list,
-        concurrency=concurrency,
-        shard=shard,
-        out=out,
-        split=split,
-        data_dir=data_dir,
-        limit=limit,
-    )
+        datasets=dataset or None, k=len(seed_list) if seed_list else k, seeds=seed_list, concurrency=concurrency,
+        shard=shard, out=out, split=split, data_dir=data_dir, limit=limit,
+    )  # fmt: skip
+    flags += _judge_and_replay_overrides(judge_url, judge_model, judge, replay)
+    if aggregate:  # only eval.out / eval.datasets matter: skip importing (and validating) the agent runtime
+        return _aggregate(load_config(_aggregate_config_model(), config, [*(overrides or []), *flags]))
+    from asearch.eval.job import run_eval
+
+    cfg = load_config(_run_config_model(), config, [*(overrides or []), *flags])
+    _report(run_eval(cfg, allow_empty=allow_empty, progress=progress, console=console), cfg)
+
+
+def _judge_and_replay_overrides(
+    judge_url: str | None, judge_model: str | None, judge: str | None, replay: Path | None
+) -> list[str]:
+    """--judge-url, --judge-model, --judge local and --replay as overrides."""
+    flags = []
     if judge_url:
         flags.append(f"eval.judge.url={json.dumps(judge_url)}")
     if judge_model:
@@ -192,79 +142,26 @@ def eval_command(
         flags.append("eval.judge.local=true")
     if replay is not None:
         flags.append(f"tools.record.replay={json.dumps(str(replay))}")
+    return flags
 
-    if aggregate:  # only eval.out / eval.datasets matter: skip importing (and validating) the agent runtime
-        light = load_config(_aggregate_config_model(), config, [*(overrides or []), *flags])
-        summary = aggregate_only(light.eval.out or default_out_dir(light.eval.datasets))
-        from asearch.eval.report import AGGREGATED_COUNTERS
 
-        _print_summary(summary.summary, summary.out_dir, counters_of=AGGREGATED_COUNTERS)
+def _aggregate(light: Any) -> None:
+    """--aggregate-only: the summary again from the results on disk."""
+    from asearch.eval.config import default_out_dir
+    from asearch.eval.report import AGGREGATED_COUNTERS
+    from asearch.eval.runner import aggregate_only
+
+    summary = aggregate_only(light.eval.out or default_out_dir(light.eval.datasets))
+    _print_summary(summary.summary, summary.out_dir, counters_of=AGGREGATED_COUNTERS)
+
+
+def _report(job: Any, cfg: Any) -> None:
+    """The summary, the corpus coverage and the result counts; exit 1 when questions failed or none was scored."""
+    summary = job.summary
+    if summary is None:  # --allow-empty and no questions: run_eval said so
         return
-
-    from asearch.agent.runtime import apply_model_style_default
-
-    cfg = load_config(_run_config_model(), config, [*(overrides or []), *flags])
-    if note := apply_model_style_default(cfg):
-        console.print(f"[dim]{escape(note)}[/dim]")
-    greedy_when_one_pass(cfg)
-    e = cfg.eval
-    run_dir = e.out or default_out_dir(e.datasets)
-    records = _load_records(e, allow_empty=allow_empty)
-    console.print(
-        f"[bold]eval[/bold] {len(records)} questions from {', '.join(map(escape, e.datasets))}; k={e.k}, "
-        f"shard {e.shard}, concurrency {e.concurrency} -> {escape(str(run_dir))}"
-    )
-    if not records:  # --allow-empty: an empty dataset is what was asked for, and there is nothing to run
-        console.print("no questions to evaluate (--allow-empty): nothing was run")
-        return
-    _warn_corpus_mismatch(records, cfg.tools)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    dump_config(cfg, run_dir / "eval_config.yaml")
-
-    from asearch.agent.runtime import RuntimeConfig, build_runtime
-    from asearch.eval.runner import evaluate_async
-    from asearch.tools.replay import RECORD_DIR
-
-    runtime_cfg = RuntimeConfig.model_validate(cfg.model_dump(include={"engine", "tools", "agent"}))
-    runtime = build_runtime(runtime_cfg, progress=progress, record_dir=run_dir / RECORD_DIR)
-    # judge.local: the judge model's own server, healthy before the first question, stopped in run()'s finally
-    judge_server = contextlib.ExitStack()
-    judge_url = judge_server.enter_context(local_judge_server(e.judge, log_path=run_dir / "judge_server.log"))
-    if judge_url:
-        console.print(f"judge: {escape(e.judge.model_name)} served at {escape(judge_url)} "
-                      f"(log: {escape(str(run_dir / 'judge_server.log'))})")  # fmt: skip
-    llm_judge, judge_client = build_judge(e.judge, url=judge_url)
-
-    solver, identity = _solver(cfg, runtime, runtime_cfg)
-
-    async def run() -> Any:
-        try:
-            return await evaluate_async(
-                solver,
-                records,
-                out_dir=run_dir,
-                k=e.k,
-                seeds=e.seeds,
-                concurrency=e.concurrency,
-                shard=parse_shard(e.shard),
-                judge=llm_judge,
-                progress=progress,
-                # the agent's identity: resuming into this dir with another engine/tools/agent is refused
-                config=identity,
-                max_failures=e.max_failures,
-            )
-        finally:
-            with judge_server:  # stops a local judge server even when closing the runtime raises
-                await runtime.close()
-                closer = getattr(judge_client, "aclose", None) or getattr(judge_client, "close", None)
-                if closer is not None:
-                    res = closer()
-                    if hasattr(res, "__await__"):
-                        await res
-
-    summary = asyncio.run(run())
     _print_summary(summary.summary, summary.out_dir)
-    _print_coverage(records, cfg.tools)
+    _print_coverage(job.records, cfg.tools)
     console.print(f"results: {summary.resumed} resumed, {summary.written} new, {summary.failed} failed")
     if summary.failed:
         console.print(
@@ -272,26 +169,11 @@ def eval_command(
             "run the same command again to retry them"
         )
         raise typer.Exit(1)
-    if summary.summary["overall"]["n"] == 0 and records:  # asked to score questions, scored none
-        console.print(f"[red]no question was scored[/red]: shard {e.shard} holds none of the {len(records)} questions")
+    if summary.summary["overall"]["n"] == 0:  # asked to score questions, scored none
+        console.print(
+            f"[red]no question was scored[/red]: shard {cfg.eval.shard} holds none of the {len(job.records)} questions"
+        )
         raise typer.Exit(1)
-
-
-def _solver(cfg: Any, runtime: Any, runtime_cfg: Any) -> tuple[Any, dict[str, Any]]:
-    """What answers each question (asearch's agent loop, or the configured OpenAI-client agent's workflow) and the
-    identity a resumed run must match."""
-    from asearch.eval.runner import agent_solver
-
-    identity = {"runtime": runtime_cfg.model_dump(mode="json"), "judge": cfg.eval.judge.model_dump(mode="json")}
-    if cfg.workflow.kind == "search_agent":
-        return agent_solver(runtime.engine, runtime.tokenizer, runtime.tools, runtime.agent_cfg), identity
-    from asearch.agent.openai_workflow import make_workflow
-    from asearch.eval.runner import workflow_solver
-    from asearch.tools.build import tool_metrics
-
-    workflow = make_workflow(cfg.workflow, runtime.tokenizer, runtime.tools, runtime.agent_cfg)
-    solver = workflow_solver(workflow, runtime.engine, metrics=lambda: tool_metrics(runtime.tools))  # type: ignore[arg-type]
-    return solver, identity | {"workflow": cfg.workflow.model_dump(mode="json")}
 
 
 def _print_coverage(records: Any, tools_cfg: Any) -> None:
@@ -307,13 +189,6 @@ def _print_coverage(records: Any, tools_cfg: Any) -> None:
         console.print(f"[dim]coverage not computed: {escape(str(e))}[/dim]")
 
 
-def greedy_when_one_pass(cfg: Any) -> None:
-    """One pass per question (k=1) scores one sample, so it decodes greedily unless the config sets
-    `agent.temperature`; with k > 1 the agent's own default (1.0) samples k different answers for Pass@k."""
-    if cfg.eval.k == 1 and "temperature" not in cfg.agent.model_fields_set:
-        cfg.agent.temperature = 0.0
-
-
 def _parse_seeds(seeds: str) -> list[int]:
     """`--seeds 0,1,2` -> [0, 1, 2]; anything else is a ConfigError naming the option and the bad item."""
     out = []
@@ -323,15 +198,6 @@ def _parse_seeds(seeds: str) -> list[int]:
         except ValueError:
             raise ConfigError(f"--seeds: expected comma-separated integers, got {item!r} in {seeds!r}") from None
     return out
-
-
-def _load_records(e: Any, *, allow_empty: bool) -> list[Any]:
-    from asearch.eval.datasets import load_dataset
-
-    records = []
-    for spec in e.datasets:
-        records += load_dataset(spec, split=e.split, data_dir=e.data_dir, limit=e.limit, allow_empty=allow_empty)
-    return records
 
 
 def _print_summary(summary: dict[str, Any], out_dir: Path, counters_of: str = "this invocation") -> None:
