@@ -1,5 +1,5 @@
 """Tools from config: `ToolsConfig` (where the data comes from, plus one section per tool) and
-`build_tools(cfg) -> (tools, closers)`.
+`build_tools(cfg) -> (tools, closers)`, or `async with open_tools(cfg) as tools` which closes them.
 
 The sections come from the registry: every registered tool with a `config_class` gets `tools.<name>`
 (`tools.search`, `tools.access`, `tools.find`, ...), on or off by the tool's `enabled_by_default`;
@@ -9,12 +9,13 @@ with no edit.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import inspect
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -224,6 +225,34 @@ def build_tools(
     specs = {spec.name: spec for spec in configurable_tools()}
     tools = {name: specs[name].build(sources, options) for name, options in cfg.enabled_tools().items()}
     return tools, closers
+
+
+@contextlib.asynccontextmanager
+async def open_tools(
+    cfg: ToolSourceConfig, *, progress: bool = True, record_dir: Path | None = None
+) -> AsyncIterator[dict[str, Tool[Any]]]:
+    """`build_tools` as an async context manager: `async with open_tools(cfg) as tools:` yields the tools and
+    closes every source they opened when the block ends, however it ends."""
+    tools, closers = build_tools(cfg, progress=progress, record_dir=record_dir)
+    try:
+        yield tools
+    finally:
+        await close_all(closers)
+
+
+async def close_all(closers: Sequence[Callable[[], Any]]) -> None:
+    """Call each closer, the last opened first, awaiting those that return an awaitable. Every closer runs even
+    when one raises; the first error is raised at the end."""
+    first: Exception | None = None
+    for close in reversed(closers):
+        try:
+            result = close()
+            if inspect.isawaitable(result):
+                await result
+        except Exception as e:  # noqa: BLE001 - the others must still close
+            first = first or e
+    if first is not None:
+        raise first
 
 
 def tool_metrics(tools: Mapping[str, Any], *, end_step: bool = False) -> dict[str, float]:
