@@ -13,7 +13,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, cast
 
 from pydantic import Field, model_validator
 
@@ -21,7 +21,14 @@ from asearch.agent.parsing import ANSWER, Action, action_tags, parse_action
 from asearch.agent.styles import AgentStyle, get_style
 from asearch.agent.trajectory import Segment, Trajectory, Turn
 from asearch.config import Config
-from asearch.engine.types import Engine, GenerateRequest, GenerateResponse, SamplingParams
+from asearch.engine.types import (
+    ChatTokenizer,
+    Engine,
+    GenerateRequest,
+    GenerateResponse,
+    SamplingParams,
+    Tokenizer,
+)
 from asearch.tools import EpisodeContext, Tool, run_tool, tool_counter
 
 _TRAILING_SPECIAL = re.compile(r"(?:\s*<\|[^|<>]{1,40}\|>)+\s*$")  # end-of-turn tokens like <|im_end|>
@@ -68,16 +75,6 @@ class AgentConfig(Config):
             if self.style_options
             else base
         )
-
-
-class Tokenizer(Protocol):
-    """The part of a HF tokenizer the loop uses."""
-
-    eos_token_id: int | None
-
-    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
 
 
 async def run_episode(
@@ -369,7 +366,7 @@ class _Context:
         self.notes: list[str] = []
         # chat models: tool results go in a user turn, wrapped exactly as the chat template would
         self.user_turn = (
-            _user_turn_wrappers(tokenizer)
+            _user_turn_wrappers(cast(ChatTokenizer, tokenizer))
             if _uses_chat(tokenizer, style) and style.history == "full"
             else None
         )
@@ -462,11 +459,11 @@ class _Context:
         return True
 
 
-def _uses_chat(tokenizer: Any, style: AgentStyle) -> bool:
+def _uses_chat(tokenizer: Tokenizer, style: AgentStyle) -> bool:
     return bool(style.use_chat_template and getattr(tokenizer, "chat_template", None))
 
 
-def _user_turn_wrappers(tokenizer: Any) -> tuple[str, str]:
+def _user_turn_wrappers(tokenizer: ChatTokenizer) -> tuple[str, str]:
     """(end of an assistant turn up to a user message's text, end of that user message up to the next
     assistant turn), read off the tokenizer's own chat template so any chat model is wrapped right."""
     a, u = "\x00ASSISTANT\x00", "\x00USER\x00"
@@ -481,9 +478,9 @@ def _user_turn_wrappers(tokenizer: Any) -> tuple[str, str]:
     return text[i:j], text[j + len(u) :]
 
 
-def _render_opening(tokenizer: Any, style: AgentStyle, system_prompt: str, user: str) -> str:
+def _render_opening(tokenizer: Tokenizer, style: AgentStyle, system_prompt: str, user: str) -> str:
     """System + first user message, in the tokenizer's chat template when it has one."""
     if _uses_chat(tokenizer, style):
         messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": user}]
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return cast(ChatTokenizer, tokenizer).apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return f"{system_prompt}\n\n{user}\n"

@@ -38,7 +38,7 @@ from asearch.agent.loop import AgentConfig, turn_seed
 from asearch.agent.trajectory import Segment, Trajectory, Turn
 from asearch.engine.chat_tools import ParsedReply
 from asearch.engine.openai_api import APIError, complete, json_body
-from asearch.engine.types import Engine, GenerateRequest, GenerateResponse, SamplingParams
+from asearch.engine.types import Engine, GenerateRequest, GenerateResponse, SamplingParams, Tokenizer
 from asearch.tools import EpisodeContext, Tool, run_tool, tool_counter
 
 SESSION_HOST = "http://asearch-session"  # the in-process router's base URL (never resolved: ASGI transport)
@@ -53,7 +53,7 @@ class EngineAborted(APIError):
 class _SessionEngine:
     """What the OpenAI routes read of an engine: its tokenizer and context length (the episode's budget)."""
 
-    tokenizer: Any
+    tokenizer: Tokenizer
     max_seq_len: int
 
 
@@ -75,7 +75,7 @@ class EpisodeSession:
     max_choices = 1  # n > 1 would record sibling completions of one prompt as a mismatch each
 
     def __init__(
-        self, engine: Engine, tokenizer: Any, traj: Trajectory, cfg: AgentConfig, *, seed: int | None = None,
+        self, engine: Engine, tokenizer: Tokenizer, traj: Trajectory, cfg: AgentConfig, *, seed: int | None = None,
         served_model_name: str = "policy", split_calls: bool = False,
     ):  # fmt: skip
         """`split_calls`: every completion its own segment (its prompt and its tokens), e.g. to weigh turns apart."""
@@ -223,7 +223,9 @@ class SessionRouter:
         if self._loopback is not None:
             return openai.AsyncOpenAI(base_url=self.base_url(sid), api_key="asearch-session", max_retries=0, timeout=None)
         http = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), timeout=None)
-        return openai.AsyncOpenAI(base_url=self.base_url(sid), api_key="asearch-session", http_client=http, max_retries=0)
+        return openai.AsyncOpenAI(  # the installed openai annotates http_client with its own httpx fork's class
+            base_url=self.base_url(sid), api_key="asearch-session", http_client=http, max_retries=0  # type: ignore[arg-type]
+        )
 
     def _session(self, sid: str) -> EpisodeSession:
         session = self.sessions.get(sid)

@@ -29,9 +29,9 @@ from pydantic import Field, model_validator
 from asearch.agent.loop import AgentConfig
 from asearch.agent.openai_session import CURRENT_TOOLS, EpisodeSession, EpisodeTools, SessionRouter
 from asearch.agent.trajectory import FinishReason, Trajectory
-from asearch.agent.workflow import EpisodeItem, SearchAgentWorkflow, ToolChooser
+from asearch.agent.workflow import REJECT_BY_DEFAULT, EpisodeItem, SearchAgentWorkflow, ToolChooser
 from asearch.config import Config
-from asearch.engine.types import Engine
+from asearch.engine.types import Engine, Tokenizer
 from asearch.errors import ConfigError
 from asearch.metrics.reward import RewardConfig, compute_reward
 from asearch.tools import Tool
@@ -102,12 +102,12 @@ class OpenAIAgentWorkflow:
     def __init__(
         self,
         agent: AgentFn | str,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         cfg: AgentConfig,
         reward: RewardConfig | None = None,
         tools: Mapping[str, Tool] | ToolChooser | None = None,
         *,
-        reject_finishes: Collection[FinishReason] = ("abort",),
+        reject_finishes: Collection[FinishReason] = REJECT_BY_DEFAULT,
         sessions: Literal["in_process", "loopback"] = "in_process",
         turn_discount: float = 1.0,
     ):
@@ -147,7 +147,7 @@ class OpenAIAgentWorkflow:
         if remote is None and self.sessions == "loopback":
             await self.router.serve_loopback()
         sid = None if remote is not None else self.router.open(session)
-        client = remote if remote is not None else self.router.client(sid)
+        client = remote if sid is None else self.router.client(sid)
         token = CURRENT_TOOLS.set(EpisodeTools(tools, traj, self.cfg.tool_timeout_s))
         t0, result = time.perf_counter(), None
         try:
@@ -202,7 +202,7 @@ def _remote_client(engine: Engine) -> Any:
 
 
 def make_workflow(
-    cfg: WorkflowConfig, tokenizer: Any, tools: Mapping[str, Tool] | ToolChooser, agent: AgentConfig,
+    cfg: WorkflowConfig, tokenizer: Tokenizer, tools: Mapping[str, Tool] | ToolChooser, agent: AgentConfig,
     reward: RewardConfig | None = None,
 ) -> SearchAgentWorkflow | OpenAIAgentWorkflow:  # fmt: skip
     """The rollout workflow `cfg` names, over `tools` with the agent's limits and sampling and `reward`."""

@@ -17,6 +17,7 @@ from asearch.agent.loop import AgentConfig, run_episode
 from asearch.agent.trajectory import Trajectory
 from asearch.config import Config
 from asearch.engine.registry import EngineConfig, build_engine
+from asearch.engine.types import Engine, Tokenizer
 from asearch.tools import Tool, ToolsConfig, build_tools
 
 
@@ -28,8 +29,8 @@ class RuntimeConfig(Config):
 
 @dataclass
 class Runtime:
-    engine: Any
-    tokenizer: Any
+    engine: Engine
+    tokenizer: Tokenizer
     tools: dict[str, Tool]
     agent_cfg: AgentConfig
     _closers: list[Any] = field(default_factory=list)

@@ -33,7 +33,10 @@ class RolloutWorkflow(Protocol):
     fixes the episode's sampling (None: the engine's own stream), so a training run samples the same tokens
     whatever order its requests reach the engine in."""
 
-    rejected: Mapping[str, int]  # rejected episodes by cause, since the workflow was made
+    @property
+    def rejected(self) -> Mapping[str, int]:
+        """Rejected episodes by cause, since the workflow was made."""
+        ...
 
     async def arun_episode(self, engine: Engine, item: Any, *, seed: int | None = None) -> Trajectory | None: ...
 
@@ -52,7 +55,7 @@ class EpisodeItem:
     @classmethod
     def of(cls, item: Any) -> EpisodeItem:
         """A QARecord (or anything with its fields), or its jsonl dict as training checkpoints store it."""
-        get = item.get if isinstance(item, Mapping) else lambda key, default=None: getattr(item, key, default)
+        get: Callable[..., Any] = item.get if isinstance(item, Mapping) else lambda key, default=None: getattr(item, key, default)
         return cls(
             id=str(get("id")), question=get("question"), golds=tuple(get("golds") or ()),
             aug_golds=tuple(get("aug_golds") or ()), dataset=get("dataset", "") or "", metadata=get("metadata") or {},
@@ -60,6 +63,7 @@ class EpisodeItem:
 
 
 ToolChooser = Callable[[EpisodeItem], Mapping[str, Tool]]  # per item, e.g. the tools over its own corpus
+REJECT_BY_DEFAULT: tuple[FinishReason, ...] = ("abort",)  # the engine cut the last turn off (e.g. shutdown)
 
 
 class SearchAgentWorkflow:
@@ -76,7 +80,7 @@ class SearchAgentWorkflow:
         agent: AgentConfig,
         reward: RewardConfig | None = None,
         *,
-        reject_finishes: Collection[FinishReason] = ("abort",),
+        reject_finishes: Collection[FinishReason] = REJECT_BY_DEFAULT,
     ):
         self.tokenizer, self.agent, self.reward = tokenizer, agent, reward or RewardConfig()
         self._choose_tools: ToolChooser = tools if callable(tools) else (lambda item: tools)

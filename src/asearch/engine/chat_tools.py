@@ -21,9 +21,12 @@ import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
+
+from asearch.engine.types import Tokenizer
 
 FormatName = Literal["hermes", "llama3"]
+ToolChoice = Literal["none", "auto", "required"]
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 LLAMA_PYTHON_TAG = "<|python_tag|>"
 _HERMES_CALL = re.compile(re.escape(HERMES_OPEN) + r"(.*?)" + re.escape(HERMES_CLOSE), re.DOTALL)
@@ -64,7 +67,7 @@ class ToolRequest:
     none (the model is shown the tools but its reply is not parsed), auto or required (parsed)."""
 
     tools: tuple[dict[str, Any], ...]
-    choice: Literal["none", "auto", "required"] = "auto"
+    choice: ToolChoice = "auto"
 
     @property
     def names(self) -> frozenset[str]:
@@ -99,16 +102,16 @@ def tool_request(body: Mapping[str, Any]) -> ToolRequest | None:
             "send auto, required or none",
             "tool_choice",
         )
-    return ToolRequest(tuple(tools), choice)
+    return ToolRequest(tuple(tools), cast(ToolChoice, choice))
 
 
-def template_text(tokenizer: Any) -> str:
+def template_text(tokenizer: Tokenizer) -> str:
     """The tokenizer's chat template(s) as one string ('' when it has none)."""
     template = getattr(tokenizer, "chat_template", None) or ""
     return " ".join(template.values()) if isinstance(template, dict) else str(template)
 
 
-def tool_call_format(tokenizer: Any) -> FormatName | None:
+def tool_call_format(tokenizer: Tokenizer) -> FormatName | None:
     """How the chat template has the model write a call; None when the template does not render tools."""
     text = template_text(tokenizer)
     if "tools" not in text:

@@ -18,12 +18,13 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from pydantic import Field, PrivateAttr, SerializationInfo, model_serializer, model_validator
 from pydantic_core import PydanticCustomError
 
 from asearch.config import Config
+from asearch.engine.types import Engine, Tokenizer
 from asearch.registry import Registry
 
 BuildFn = Callable[..., Any]  # (cfg: EngineConfig, **context) -> an Engine
@@ -188,18 +189,18 @@ def _unknown_option(spec: EngineKind, key: str) -> str:
     return f"unknown key 'engine.{key}' for engine kind {spec.name!r}{hint} (valid here: {', '.join(valid)})"
 
 
-def make_engine(cfg: EngineConfig, **context: Any) -> Any:
+def make_engine(cfg: EngineConfig, **context: Any) -> Engine:
     """The engine `cfg` describes, without a tokenizer (e.g. one member of a rollout pool)."""
     return engine_kind(cfg.kind).build(cfg, **context)
 
 
-def build_engine(cfg: EngineConfig, **context: Any) -> tuple[Any, Any]:
+def build_engine(cfg: EngineConfig, **context: Any) -> tuple[Engine, Tokenizer]:
     """(engine, tokenizer): the engine's own tokenizer when it has one, else that of `cfg.model`.
     Heavy imports happen here, not at module import."""
     engine = make_engine(cfg, **context)
-    tokenizer = getattr(engine, "tokenizer", None)
+    tokenizer: Tokenizer | None = getattr(engine, "tokenizer", None)
     if tokenizer is None:
         from asearch.models.loading import load_tokenizer
 
-        tokenizer = load_tokenizer(cfg.model)
+        tokenizer = cast(Tokenizer, load_tokenizer(cfg.model))  # HF types decode as str | list[str]: one list, one str
     return engine, tokenizer

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import Field
 
 from asearch.config import Config
 from asearch.engine.registry import register_engine
-from asearch.engine.types import GenerateRequest, GenerateResponse, WeightSource
+from asearch.engine.types import GenerateRequest, GenerateResponse, StopReason, Tokenizer, WeightSource
 
 if TYPE_CHECKING:
     from asearch.engine.registry import EngineConfig
@@ -34,7 +34,7 @@ class ScriptedEngineConfig(Config):
 
 
 class ScriptedEngine:
-    def __init__(self, tokenizer: Any, policy: Policy, *, version: int = 0):
+    def __init__(self, tokenizer: Tokenizer, policy: Policy, *, version: int = 0):
         self.tokenizer, self.policy = tokenizer, policy
         self._version = version
         self.calls = 0
@@ -42,7 +42,7 @@ class ScriptedEngine:
         self._turns: OrderedDict[str, int] = OrderedDict()  # calls so far per trajectory (replies only)
 
     @classmethod
-    def from_replies(cls, tokenizer: Any, replies: Sequence[str], *, version: int = 0) -> ScriptedEngine:
+    def from_replies(cls, tokenizer: Tokenizer, replies: Sequence[str], *, version: int = 0) -> ScriptedEngine:
         """An engine whose n-th call of each trajectory answers `replies[n]` (the last one repeats)."""
         engine = cls(tokenizer, lambda prompt: replies[-1], version=version)
         engine._replies = list(replies)
@@ -67,7 +67,7 @@ class ScriptedEngine:
         prompt = self.tokenizer.decode(request.input_ids or [], skip_special_tokens=False)
         text = self._reply(request, prompt)
         sp = request.sampling
-        stop_reason = "length"
+        stop_reason: StopReason = "length"
         cut = len(text)
         for s in sp.stop:
             i = text.find(s)
@@ -113,4 +113,4 @@ class ScriptedEngine:
 def build_scripted(cfg: EngineConfig, **context: Any) -> ScriptedEngine:
     from asearch.models.loading import load_tokenizer
 
-    return ScriptedEngine.from_replies(load_tokenizer(cfg.model), cfg.options.replies)
+    return ScriptedEngine.from_replies(cast(Tokenizer, load_tokenizer(cfg.model)), cfg.options.replies)

@@ -90,3 +90,23 @@ class Engine(Protocol):
     async def update_weights(self, source: WeightSource, version: int) -> None: ...
 
     async def close(self) -> None: ...
+
+
+class Tokenizer(Protocol):
+    """The part of a HF tokenizer every caller uses: text to ids and back, and the end-of-text id."""
+
+    @property
+    def eos_token_id(self) -> int | None: ...
+
+    def encode(self, text: str, /, *, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, ids: list[int], /, *, skip_special_tokens: bool = ...) -> str: ...
+
+
+class ChatTokenizer(Tokenizer, Protocol):
+    """A tokenizer with a chat template (HF's): callers holding a `Tokenizer` check `chat_template` first."""
+
+    @property
+    def chat_template(self) -> str | None: ...
+
+    def apply_chat_template(self, conversation: list[dict[str, Any]], **kwargs: Any) -> Any: ...

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -124,7 +125,7 @@ _DEMO_MODEL = re.compile(r"(?:^|/)runs/demo-(smollm2-)?seed\d+/model-sft/?$")
 
 def shape_from_config(config: Any, name: str = "model") -> ModelShape:
     """A `ModelShape` from a transformers config object or a config.json dict."""
-    get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
+    get: Callable[..., Any] = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
     try:
         heads = int(get("num_attention_heads"))
         return ModelShape(

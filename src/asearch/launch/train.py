@@ -31,11 +31,11 @@ from pydantic_core import PydanticCustomError
 
 from asearch.agent.loop import AgentConfig
 from asearch.agent.openai_workflow import WorkflowConfig, make_workflow
-from asearch.agent.workflow import EpisodeItem, SearchAgentWorkflow
+from asearch.agent.workflow import EpisodeItem, RolloutWorkflow
 from asearch.engine.inprocess import InProcessEngine
 from asearch.engine.pool import EnginePool, RolloutServersConfig, open_pool
 from asearch.engine.registry import EngineConfig
-from asearch.engine.types import Engine
+from asearch.engine.types import Engine, Tokenizer
 from asearch.errors import ConfigError
 from asearch.launch.registry import launcher_names, launcher_type, make_launcher
 from asearch.launch.spec import Allocation, Launcher
@@ -45,7 +45,7 @@ from asearch.rl.loop import EvalSchedule, LoopConfig, TrainingLoop, write_summar
 from asearch.rl.trainer import PolicyTrainer, Trainer
 from asearch.rl.weights import CollectiveWeights, DiskWeights, LiveWeights, WeightSync, weight_metrics
 from asearch.runs import RunDir
-from asearch.tools import ToolsConfig, build_tools, tool_metrics
+from asearch.tools import Tool, ToolsConfig, build_tools, tool_metrics
 from asearch.tools.replay import RECORD_DIR
 
 Log = Callable[[str], Any]
@@ -252,7 +252,7 @@ class EngineCounters:
 
     COUNTS = ("tokens_generated", "prefill_tokens", "prefix_reused_tokens", "recomputed_tokens", "requests_finished", "decode_steps")
 
-    def __init__(self, engine: Any):
+    def __init__(self, engine: Engine):
         self.stats = getattr(engine, "stats", None)
         self.last = self._read()
 
@@ -279,9 +279,9 @@ def load_records(spec: str) -> list[dict[str, Any]]:
 
 
 def _open_workflows(
-    cfg: TrainConfig, tokenizer: Any, records: Sequence[dict[str, Any]], stack: contextlib.AsyncExitStack,
+    cfg: TrainConfig, tokenizer: Tokenizer, records: Sequence[dict[str, Any]], stack: contextlib.AsyncExitStack,
     record_dir: Path,
-) -> tuple[Any, SearchAgentWorkflow, SearchAgentWorkflow | None, list[Any]]:
+) -> tuple[Mapping[str, Tool], RolloutWorkflow, RolloutWorkflow | None, list[Any]]:
     """(training tools, the training workflow, the held-out workflow or None, held-out records); the
     tools' closers go on `stack`. Every tool records into (or replays) the run's one record, `tools.record`."""
     from asearch.eval.datasets import load_dataset
@@ -292,8 +292,8 @@ def _open_workflows(
     closers += more
     tools_of = _tools_per_corpus(cfg, records, tools, closers, record_dir) if cfg.corpus_from_data else {}
 
-    def choose_tools(item: EpisodeItem) -> Any:
-        return tools_of.get(item.metadata.get("corpus"), tools)
+    def choose_tools(item: EpisodeItem) -> Mapping[str, Tool]:
+        return tools_of.get(item.metadata.get("corpus") or "", tools)
 
     workflow = make_workflow(cfg.workflow, tokenizer, choose_tools if tools_of else tools, cfg.agent, cfg.reward)
     if not cfg.heldout.dataset:
@@ -334,7 +334,7 @@ def _tools_per_corpus(
     return out
 
 
-def _heldout_eval(workflow: SearchAgentWorkflow, engine: Engine, records: Sequence[Any], cfg: TrainConfig):
+def _heldout_eval(workflow: RolloutWorkflow, engine: Engine, records: Sequence[Any], cfg: TrainConfig):
     """The loop's held-out evaluation: the mean answer metric of greedy episodes (the eval runner's)."""
     from asearch.eval.runner import evaluate_workflow
 
@@ -356,7 +356,7 @@ async def _start_trainer(cfg: TrainConfig, launcher: Launcher | None, model: Any
     from asearch.models.loading import load_model
 
     device = resolve_device(cfg.trainer.device)
-    policy = (model if model is not None else load_model(cfg.model)).to(device)
+    policy = (model if model is not None else load_model(cfg.model)).to(device)  # type: ignore[arg-type]  # transformers types its wrapped `to` as taking the model
     trainer = PolicyTrainer(policy, cfg.trainer, temperature=cfg.agent.temperature, total_steps=cfg.steps)
     return trainer, sum(p.numel() for p in policy.parameters())
 
@@ -373,11 +373,11 @@ async def rollout_engine(
     servers = cfg.servers
     if servers is None:
         assert isinstance(trainer, PolicyTrainer), "the in-process engine shares this process's policy"
-        engine = InProcessEngine(trainer.model, tokenizer, cfg=cfg.engine.options, version=version)
+        local = InProcessEngine(trainer.model, tokenizer, cfg=cfg.engine.options, version=version)
         try:
-            yield engine, LiveWeights(engine, trainer)
+            yield local, LiveWeights(local, trainer)
         finally:
-            await engine.close()
+            await local.close()
         return
     if launcher is not None:
         await asyncio.to_thread(launcher.start)

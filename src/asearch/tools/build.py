@@ -17,7 +17,7 @@ import json
 import re
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, create_model, model_validator
 
@@ -109,7 +109,7 @@ def _tools_config_model() -> type[ToolSourceConfig]:
         )
         for spec in specs
     }
-    model = create_model(  # type: ignore[call-overload]
+    model = create_model(
         "ToolsConfig",
         __base__=ToolSourceConfig,
         __module__=__name__,
@@ -121,7 +121,13 @@ def _tools_config_model() -> type[ToolSourceConfig]:
     return model
 
 
-ToolsConfig = _tools_config_model()
+if TYPE_CHECKING:  # built at import, a section per registered tool: the type checker sees its base
+
+    class ToolsConfig(ToolSourceConfig):
+        def __getattr__(self, name: str) -> Any: ...  # the tool sections (`search`, `access`, ...)
+
+else:
+    ToolsConfig = _tools_config_model()
 
 
 def index_cache_path(source: Any, cfg: IndexConfig) -> Path:

@@ -143,7 +143,7 @@ class FaultInjector:
 
     def counts(self) -> dict[str, int]:
         """Faults injected by kind, all backends together (every kind listed)."""
-        out = dict.fromkeys(FAULT_KINDS, 0)
+        out: dict[str, int] = dict.fromkeys(FAULT_KINDS, 0)
         for (_, kind), n in self.injected.items():
             out[kind] += n
         return out
@@ -197,7 +197,8 @@ def inject_faults(sources: ToolSources, cfg: FaultConfig) -> tuple[ToolSources, 
     """`sources` with both backends behind one FaultInjector, and the closers of what this made."""
     faults = FaultInjector(cfg)
     search, pages = as_search_backend(sources.search), as_page_backend(sources.pages)
-    made = [b.close for b, given in ((search, sources.search), (pages, sources.pages)) if b is not given]
+    pairs: tuple[tuple[Any, Any], ...] = ((search, sources.search), (pages, sources.pages))  # made: an adapter
+    made = [b.close for b, given in pairs if b is not given]
     wrapped = ToolSources(search=FaultySearchBackend(search, faults), pages=FaultyPageBackend(pages, faults))
     return wrapped, [*made, faults.aclose]
 

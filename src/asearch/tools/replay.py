@@ -430,7 +430,8 @@ def record_sources(
     recorder = Recorder(record, replaying=False, source=source)
     record.write_manifest(source)  # at once: a killed run's record is still recognisable as one
     search, pages = as_search_backend(sources.search), as_page_backend(sources.pages)
-    made = [b.close for b, given in ((search, sources.search), (pages, sources.pages)) if b is not given]
+    pairs: tuple[tuple[Any, Any], ...] = ((search, sources.search), (pages, sources.pages))  # made: an adapter
+    made = [b.close for b, given in pairs if b is not given]
     wrapped = ToolSources(RecordedSearchBackend(search, recorder), RecordedPageBackend(pages, recorder))
     return wrapped, [*made, recorder.close]
 

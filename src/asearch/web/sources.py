@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, create_model
 
@@ -123,7 +123,13 @@ def _web_config_model() -> type[WebSettings]:
     )
 
 
-WebConfig = _web_config_model()
+if TYPE_CHECKING:  # built at import, a section per registered provider and reader: the checker sees its base
+
+    class WebConfig(WebSettings):
+        def __getattr__(self, name: str) -> Any: ...  # the provider and reader sections (`serper`, `fetch`, ...)
+
+else:
+    WebConfig = _web_config_model()
 
 
 @dataclass
