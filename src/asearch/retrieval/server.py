@@ -13,13 +13,13 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import APIRouter, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
@@ -347,51 +347,46 @@ def create_app(
 ) -> FastAPI:
     """A FastAPI app serving `retriever` and `pages`; `info` (index path, method, manifest summary) is
     reported by /health and /stats."""
-    cfg = cfg or ServerConfig()
-    info = dict(info or {})
-    stats = ServerStats(cfg.stats_window)
-    batcher = MicroBatcher(
-        retriever,
-        window_s=cfg.batch_window_ms / 1000,
-        max_batch=cfg.max_batch,
-        workers=cfg.workers,
-        on_batch=stats.record_batch,
-    )
-    # Page lookups get their own single thread: they never wait behind a search batch, and stores that
-    # keep per-thread handles (sqlite) always see the same thread.
-    page_thread = _OneThread("asearch-pages")
-    retriever_name = str(getattr(retriever, "name", type(retriever).__name__))
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_app: FastAPI) -> Any:
-        try:
-            yield
-        finally:
-            batcher.close()
-            page_thread.close()
-
+    service = RetrievalService(retriever, pages, cfg or ServerConfig(), dict(info or {}))
     app = FastAPI(
         title="asearch retrieval server",
         description="Search-R1/ASearcher-compatible /retrieve and /access over a local index.",
-        lifespan=lifespan,
+        lifespan=_lifespan,
     )
-    app.state.stats, app.state.batcher, app.state.config = stats, batcher, cfg
+    app.state.service = service
+    app.state.stats, app.state.batcher, app.state.config = service.stats, service.batcher, service.cfg
+    app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
+    app.include_router(routes)
+    app.add_middleware(
+        _StatsAndLimitMiddleware, stats=service.stats, max_body_bytes=service.cfg.max_body_bytes,
+        max_pending=service.cfg.max_pending, retry_after_s=service.cfg.retry_after_s,
+    )  # fmt: skip
+    return app
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid_request(_request: Request, err: RequestValidationError) -> JSONResponse:
-        status, message = _describe_errors(err.errors())
-        return JSONResponse(ErrorResponse(detail=message).model_dump(), status_code=status)
 
-    @app.exception_handler(HTTPException)
-    async def _http_error(_request: Request, err: HTTPException) -> JSONResponse:
-        return JSONResponse(ErrorResponse(detail=str(err.detail)).model_dump(), status_code=err.status_code)
+class RetrievalService:
+    """What the routes serve: the retriever behind a micro-batcher, the page store on its own thread, the
+    stats; `close()` stops the batcher's workers and the page thread."""
 
-    @app.post("/retrieve", responses=_ERRORS, openapi_extra=_json_body(RetrieveRequest))
-    async def retrieve(request: Request) -> JSONResponse:
-        """Top-k passages per query: `{"result": [[doc, ...], ...], "truncated_queries": n}` (docs wrapped
-        with scores on request; n queries were cut to max_query_chars)."""
-        req = await _parse_body(request, RetrieveRequest, cfg.max_body_bytes)
-        queries = req.query_list()
+    def __init__(self, retriever: Retriever, pages: PageStore, cfg: ServerConfig, info: dict[str, Any]) -> None:
+        self.pages, self.cfg, self.info = pages, cfg, info
+        self.stats = ServerStats(cfg.stats_window)
+        self.batcher = MicroBatcher(
+            retriever,
+            window_s=cfg.batch_window_ms / 1000,
+            max_batch=cfg.max_batch,
+            workers=cfg.workers,
+            on_batch=self.stats.record_batch,
+        )
+        # Page lookups get their own single thread: they never wait behind a search batch, and stores that
+        # keep per-thread handles (sqlite) always see the same thread.
+        self.page_thread = _OneThread("asearch-pages")
+        self.retriever_name = str(getattr(retriever, "name", type(retriever).__name__))
+
+    async def retrieve(self, req: RetrieveRequest) -> dict[str, Any]:
+        """Top-k passages per query, with queries over max_query_chars cut and counted."""
+        cfg, queries = self.cfg, req.query_list()
         topk = req.topk if req.topk is not None else cfg.default_topk
         if len(queries) > cfg.max_queries:
             raise HTTPException(413, f"too many queries: {len(queries)} > max_queries={cfg.max_queries}")
@@ -401,53 +396,96 @@ def create_app(
         truncated = sum(len(q) > cfg.max_query_chars for q in queries)
         if truncated:
             queries = [q[: cfg.max_query_chars] for q in queries]
-            stats.truncated_queries += truncated
+            self.stats.truncated_queries += truncated
         try:
-            hits = await batcher.search(queries, topk)
+            hits = await self.batcher.search(queries, topk)
         except Exception as e:
-            log.exception("retriever %s failed on a batch", retriever_name)
-            raise HTTPException(500, f"retriever {retriever_name!r} failed: {type(e).__name__}: {e}") from e
-        return JSONResponse({"result": hits_to_wire(hits, req.return_scores), "truncated_queries": truncated})
+            log.exception("retriever %s failed on a batch", self.retriever_name)
+            raise HTTPException(500, f"retriever {self.retriever_name!r} failed: {type(e).__name__}: {e}") from e
+        return {"result": hits_to_wire(hits, req.return_scores), "truncated_queries": truncated}
 
-    @app.post("/access", responses=_ERRORS, openapi_extra=_json_body(AccessRequest))
-    async def access(request: Request) -> JSONResponse:
-        """Full pages by url: `{"result": [page-or-null, ...]}`, null for a url not in the corpus."""
-        req = await _parse_body(request, AccessRequest, cfg.max_body_bytes)
-        if len(req.urls) > cfg.max_urls:
-            raise HTTPException(413, f"too many urls: {len(req.urls)} > max_urls={cfg.max_urls}")
+    async def access(self, req: AccessRequest) -> dict[str, Any]:
+        """Full pages by url, None for a url not in the corpus."""
+        if len(req.urls) > self.cfg.max_urls:
+            raise HTTPException(413, f"too many urls: {len(req.urls)} > max_urls={self.cfg.max_urls}")
 
         def fetch() -> list[dict[str, Any] | None]:
-            found = [lookup_page(pages, u) for u in req.urls]
+            found = [lookup_page(self.pages, u) for u in req.urls]
             return [None if p is None else p.to_dict() for p in found]
 
         try:
-            result = await asyncio.get_running_loop().run_in_executor(page_thread.get(), fetch)
+            result = await asyncio.get_running_loop().run_in_executor(self.page_thread.get(), fetch)
         except Exception as e:
             log.exception("page store failed")
             raise HTTPException(500, f"page store failed: {type(e).__name__}: {e}") from e
-        return JSONResponse({"result": result})
+        return {"result": result}
 
-    @app.get("/health", response_model=HealthResponse)
-    async def health() -> HealthResponse:
-        """Liveness plus what is being served."""
+    def health(self) -> HealthResponse:
         return HealthResponse(
             status="ok",
-            retriever=retriever_name,
-            pages=len(pages),
-            uptime_s=round(time.monotonic() - stats.started, 3),
-            info=info,
+            retriever=self.retriever_name,
+            pages=len(self.pages),
+            uptime_s=round(time.monotonic() - self.stats.started, 3),
+            info=self.info,
         )
 
-    @app.get("/stats", response_model=StatsResponse)
-    async def get_stats() -> StatsResponse:
-        """Request/error counts per endpoint, latency percentiles, batch sizes, index summary."""
-        return stats.report(info)
+    def close(self) -> None:
+        self.batcher.close()
+        self.page_thread.close()
 
-    app.add_middleware(
-        _StatsAndLimitMiddleware, stats=stats, max_body_bytes=cfg.max_body_bytes,
-        max_pending=cfg.max_pending, retry_after_s=cfg.retry_after_s,
-    )  # fmt: skip
-    return app
+
+def _service(request: Request) -> RetrievalService:
+    return request.app.state.service
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        app.state.service.close()
+
+
+async def _invalid_request(_request: Request, err: RequestValidationError) -> JSONResponse:
+    status, message = _describe_errors(err.errors())
+    return JSONResponse(ErrorResponse(detail=message).model_dump(), status_code=status)
+
+
+async def _http_error(_request: Request, err: HTTPException) -> JSONResponse:
+    return JSONResponse(ErrorResponse(detail=str(err.detail)).model_dump(), status_code=err.status_code)
+
+
+routes = APIRouter()
+
+
+@routes.post("/retrieve", responses=_ERRORS, openapi_extra=_json_body(RetrieveRequest))
+async def retrieve(request: Request) -> JSONResponse:
+    """Top-k passages per query: `{"result": [[doc, ...], ...], "truncated_queries": n}` (docs wrapped
+    with scores on request; n queries were cut to max_query_chars)."""
+    service = _service(request)
+    req = await _parse_body(request, RetrieveRequest, service.cfg.max_body_bytes)
+    return JSONResponse(await service.retrieve(req))
+
+
+@routes.post("/access", responses=_ERRORS, openapi_extra=_json_body(AccessRequest))
+async def access(request: Request) -> JSONResponse:
+    """Full pages by url: `{"result": [page-or-null, ...]}`, null for a url not in the corpus."""
+    service = _service(request)
+    req = await _parse_body(request, AccessRequest, service.cfg.max_body_bytes)
+    return JSONResponse(await service.access(req))
+
+
+@routes.get("/health", response_model=HealthResponse)
+async def health(request: Request) -> HealthResponse:
+    """Liveness plus what is being served."""
+    return _service(request).health()
+
+
+@routes.get("/stats", response_model=StatsResponse)
+async def get_stats(request: Request) -> StatsResponse:
+    """Request/error counts per endpoint, latency percentiles, batch sizes, index summary."""
+    service = _service(request)
+    return service.stats.report(service.info)
 
 
 # --------------------------------------------------------------------------- running it
