@@ -6,7 +6,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 from rich.markup import escape
@@ -20,6 +20,9 @@ from asearch.cli.console import (
     overrides_argument,
     split_corpus_from_overrides,
 )
+
+if TYPE_CHECKING:
+    from asearch.retrieval.importer import ImportResult
 
 app = typer.Typer(help="Build, inspect and query retrieval indexes.", no_args_is_help=True)
 
@@ -202,7 +205,6 @@ def import_(
     `asearch index import e5_Flat.index --corpus wiki-18.jsonl --out idx/wiki18 --memory-gb 4`
     """
     from asearch.retrieval.importer import ImportSettings, import_flat_index, read_flat_header
-    from asearch.retrieval.index import index_size_bytes, read_manifest
 
     questions = None
     if queries is not None:
@@ -225,10 +227,17 @@ def import_(
         flat, corpus, out, settings, pages_path=pages, overwrite=force, progress=True, build_command=command,
         say=lambda line: console.print(escape(line)),
     )  # fmt: skip
+    _print_import(result, flat, time.perf_counter() - t0, rerank_candidates)
+
+
+def _print_import(result: ImportResult, flat: Path, seconds: float, rerank_candidates: int) -> None:
+    """What `index import` made: passages, time, size on disk and against the flat file, recall@10."""
+    from asearch.retrieval.index import index_size_bytes, read_manifest
+
     m = read_manifest(result.path)
     console.print(
         f"[green]imported[/green] {escape(str(result.path))}: {m['counts']['passages']:,} passages, "
-        f"{time.perf_counter() - t0:.1f}s, {_mb(index_size_bytes(m))} on disk"
+        f"{seconds:.1f}s, {_mb(index_size_bytes(m))} on disk"
     )
     console.print(
         f"dense {escape(result.plan.label())}: {_mb(result.index_file_bytes)} against {_mb(result.flat_bytes)} flat "
