@@ -10,7 +10,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 
-.PHONY: install install-demo install-browser install-vllm demo test test-all bench lint clean
+.PHONY: install install-demo install-browser install-vllm demo test test-fast test-all bench lint clean
 
 install: $(VENV)/.installed
 
@@ -47,6 +47,10 @@ test: install
 
 test-all: install
 	$(BIN)/pytest -q -m ''
+
+# The quick loop while editing: no slow, vLLM, Ray or subprocess-server tests (docs/testing.md).
+test-fast: install
+	$(BIN)/pytest -q -m "not slow and not vllm and not ray and not server and not browser"
 
 bench: install
 	$(BIN)/python bench/retrieval.py

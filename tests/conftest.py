@@ -14,6 +14,37 @@ ROOT = Path(__file__).resolve().parents[1]
 TRAIN_WORLD = "world:seed=1,entities=200"
 
 
+class CharTokenizer:
+    """One token per character (no eos): the part of a HF tokenizer the agent loop and the scripted engine
+    use, with no transformers import and no model."""
+
+    eos_token_id = None
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return "".join(chr(i) for i in ids)
+
+
+@pytest.fixture(scope="session")
+def char_tokenizer() -> CharTokenizer:
+    return CharTokenizer()
+
+
+@pytest.fixture(scope="session")
+def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny byte-level BPE tokenizer (with the ChatML template) saved alone, no model: for a scripted
+    engine's `engine.model` in a command line."""
+    pytest.importorskip("torch")
+    from asearch.models.tiny import train_bpe_tokenizer
+
+    texts = ["Ada Varn was born in Oslen.", "<search> a</search><answer> b</answer> the world"] * 20
+    directory = tmp_path_factory.mktemp("tok")
+    train_bpe_tokenizer(texts, vocab_size=300).save_pretrained(directory)
+    return directory
+
+
 @pytest.fixture(scope="session")
 def tiny_world_model_dir(tmp_path_factory) -> Path:
     """A random tiny Qwen2 whose tokenizer knows the world's pages. Random: its rewards are all 0, so runs

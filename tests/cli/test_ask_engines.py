@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -20,16 +19,6 @@ def asearch(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     return subprocess.run(
         [sys.executable, "-m", "asearch", *args], capture_output=True, text=True, timeout=300, env=env
     )
-
-
-@pytest.fixture(scope="module")
-def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("torch")
-    from asearch.models.tiny import train_bpe_tokenizer
-
-    directory = tmp_path_factory.mktemp("ask-tok")
-    train_bpe_tokenizer(["Ada Varn was born in Oslen."] * 20, vocab_size=300).save_pretrained(directory)
-    return directory
 
 
 def test_help_lists_the_registered_engine_kinds() -> None:

@@ -64,16 +64,6 @@ def test_answer_lines_are_the_sentences_holding_the_answer() -> None:
 # --------------------------------------------------------------------------- the command
 
 
-@pytest.fixture(scope="module")
-def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("torch")
-    from asearch.models.tiny import train_bpe_tokenizer
-
-    directory = tmp_path_factory.mktemp("evidence-tok")
-    train_bpe_tokenizer([p["text"] for p in PAGES] * 20, vocab_size=300).save_pretrained(directory)
-    return directory
-
-
 def _ask(tmp_path: Path, tok_dir: Path, replies: list[str], *extra: str) -> subprocess.CompletedProcess:
     corpus = tmp_path / "pages.jsonl"
     corpus.write_text("".join(json.dumps(p) + "\n" for p in PAGES))

@@ -16,16 +16,6 @@ PAGES = [{"id": "ada", "title": "Ada Varn", "text": "Ada Varn was born in Oslen.
 QUESTION = {"id": "q1", "question": "Where was Ada Varn born?", "golden_answers": ["Oslen"]}
 
 
-@pytest.fixture(scope="module")
-def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("torch")
-    from asearch.models.tiny import train_bpe_tokenizer
-
-    directory = tmp_path_factory.mktemp("eval-tok")
-    train_bpe_tokenizer(["Ada Varn was born in Oslen."] * 20, vocab_size=300).save_pretrained(directory)
-    return directory
-
-
 @pytest.fixture
 def files(tmp_path) -> dict[str, Path]:
     (tmp_path / "pages.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PAGES))

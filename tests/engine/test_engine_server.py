@@ -13,6 +13,8 @@ import asyncio
 import httpx
 import pytest
 
+pytestmark = pytest.mark.server  # one engine server subprocess for the module
+
 torch = pytest.importorskip("torch")
 
 from asearch.engine.http import HttpConfig  # noqa: E402

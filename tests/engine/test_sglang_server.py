@@ -57,6 +57,7 @@ def test_an_interpreter_without_sglang_is_refused_before_launch(tmp_path) -> Non
                             cfg=SupervisorConfig(), servers=servers)  # fmt: skip
 
 
+@pytest.mark.server
 def test_a_launched_server_serves_version_0_at_the_run_context(tiny_world_model_dir, tmp_path) -> None:
     from asearch.engine.sglang import SGLangEngine
     from asearch.engine.types import GenerateRequest, SamplingParams

@@ -15,6 +15,8 @@ from asearch.engine.supervisor import ServerSupervisor, SupervisorConfig
 from asearch.errors import RemoteError
 from asearch.net import free_port
 
+pytestmark = pytest.mark.server  # HTTP server subprocesses that crash on purpose
+
 # A tiny server: /health answers with its pid, /crash exits the process with code 3, and it forks a
 # sleeping grandchild so we can check that stop() reaches the whole process group.
 SERVER = textwrap.dedent(

@@ -26,6 +26,8 @@ from asearch.engine.vllm import VLLMEngine, VLLMEngineConfig, with_model_arg
 from asearch.errors import RemoteError
 from asearch.net import free_port
 
+pytestmark = pytest.mark.server  # a stand-in vLLM server subprocess
+
 FAST_HTTP = HttpConfig(timeout_s=20, connect_timeout_s=2, retries=3, backoff_s=0.01, max_backoff_s=0.05)
 
 

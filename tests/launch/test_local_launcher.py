@@ -16,6 +16,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+pytestmark = pytest.mark.server  # rollout servers started by launcher=local
+
 B, N, ETA = 2, 2, 2
 LOCAL = ["launcher=local", "allocation.rollout_servers=2", "allocation.server_threads=1"]
 

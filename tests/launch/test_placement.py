@@ -118,6 +118,7 @@ def ray_with_declared_gpus(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_ranks_and_server_get_their_own_declared_gpus(ray_with_declared_gpus, tiny_world_model_dir) -> None:
     """1 server and 2 trainer ranks on a cluster with 3 (declared) GPUs: each reserves 1 (auto), sees its own id,
     gets the forwarded environment; rank 1 starts on the meta device and holds rank 0's weights after setup."""

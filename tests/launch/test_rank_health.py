@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.ray  # trainer ranks as Ray actors
+
 ray = pytest.importorskip("ray")
 
 from asearch.errors import TrainerRankError  # noqa: E402

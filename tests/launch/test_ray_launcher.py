@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.ray  # a Ray cluster on this machine
+
 torch = pytest.importorskip("torch")
 ray = pytest.importorskip("ray")
 

@@ -28,6 +28,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("ray")
 
+pytestmark = pytest.mark.ray  # a two-node Ray cluster in network namespaces
+
 RAY_BIN = str(Path(sys.executable).parent / "ray")
 HEAD, WORKER = "10.213.0.1", "10.213.0.2"  # the tests' own addresses, on a veth pair no other host sees
 PORT = 6391

@@ -117,16 +117,6 @@ def test_trajectory_dicts_score_the_same():
     assert compute_reward(t.to_dict(), ["Oslen"]) == compute_reward(t, ["Oslen"])
 
 
-class _CharTokenizer:
-    eos_token_id = None
-
-    def encode(self, text, add_special_tokens=False):
-        return [ord(c) for c in text]
-
-    def decode(self, ids, skip_special_tokens=False):
-        return "".join(map(chr, ids))
-
-
 @pytest.mark.parametrize(
     ("replies", "reward", "format_ok"),
     [
@@ -134,14 +124,14 @@ class _CharTokenizer:
         (["<think>hmm", "<think>ok</think><answer>Oslen</answer>"], -0.5, False),  # first turn malformed
     ],
 )
-def test_on_trajectories_from_the_real_loop(replies, reward, format_ok):
+def test_on_trajectories_from_the_real_loop(replies, reward, format_ok, char_tokenizer):
     import asyncio
 
     from asearch.agent import AgentConfig, run_episode
     from asearch.engine.scripted import ScriptedEngine
 
     queue = list(replies)
-    tok = _CharTokenizer()
+    tok = char_tokenizer
     engine = ScriptedEngine(tok, lambda prompt: queue.pop(0))
     t = asyncio.run(run_episode(engine, tok, {}, "Where?", AgentConfig(style="search-r1", max_turns=3)))
     assert {"search", "answer"} <= set(t.action_tags)  # the loop records what its parser read as actions

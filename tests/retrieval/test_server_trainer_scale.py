@@ -17,6 +17,8 @@ import pytest
 from asearch.corpus.sources import open_corpus
 from asearch.retrieval.index import build_index
 
+pytestmark = pytest.mark.server  # `asearch serve` in a subprocess
+
 TOPICS = "amber basalt cobalt dune ember fjord granite harbor iris jasper kelp lagoon".split()
 BATCH = 8192  # one trainer step's searches in one POST (Search-R1's GRPO step sends 512 x 5 = 2,560)
 

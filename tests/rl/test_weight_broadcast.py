@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.server  # an engine server and rank processes
+
 PROMPT = [11, 42, 97, 150, 23, 64]
 ATOL = 2e-4  # the disk path's tolerance (tests/engine/test_engine_server.py)
 

@@ -24,26 +24,9 @@ class SilentSolver:
         return None
 
 
-class CharTokenizer:
-    """One token per character: enough for the agent loop and the scripted engine (no transformers import)."""
-
-    eos_token_id = None
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return [ord(c) for c in text]
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        return "".join(chr(i) for i in ids)
-
-
 @pytest.fixture
 def silent_solver() -> SilentSolver:
     return SilentSolver()
-
-
-@pytest.fixture
-def char_tokenizer() -> CharTokenizer:
-    return CharTokenizer()
 
 
 @pytest.fixture(scope="session")

@@ -26,10 +26,13 @@ FLAGS = (
     "--disable-component-update --disable-sync --window-size=1400,1000"
 ).split()
 
-pytestmark = pytest.mark.skipif(
-    not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
-    reason="headless Chromium is not installed (apt-get install -y chromium chromium-driver)",
-)
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
+        reason="headless Chromium is not installed (apt-get install -y chromium chromium-driver)",
+    ),
+]
 
 
 def drawn(driver, css: str) -> dict | None:

@@ -1,5 +1,5 @@
-"""`asearch train` end to end in a real subprocess: checkpoints, kill -9, resume. Nothing is trained twice,
-nothing is lost, the staleness accounting and the bound survive the restart."""
+"""Checkpoints and resume (`asearch.rl.checkpoint`) through `asearch train` in a real subprocess: kill -9, then
+resume. Nothing is trained twice, nothing is lost, the staleness accounting and the bound survive the restart."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import time
 import pytest
 
 pytest.importorskip("torch")
+
+pytestmark = pytest.mark.server  # `asearch train` in a subprocess, killed and resumed
 
 B, N, ETA = 2, 2, 2
 
