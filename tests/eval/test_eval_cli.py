@@ -128,7 +128,7 @@ def test_eval_config_rules():
     assert load_config(EvalConfig, overrides=["seeds=[3, 4, 5]"]).k == 3
     with pytest.raises(ConfigError, match="k=2 but 3 seeds"):
         load_config(EvalConfig, overrides=["seeds=[3, 4, 5]", "k=2"])
-    with pytest.raises(ConfigError, match="needs judge.model"):
+    with pytest.raises(ConfigError, match="needs judge.engine.model"):
         load_config(EvalConfig, overrides=["judge.url=http://127.0.0.1:8001/v1"])
     assert default_out_dir(["world:hops=2", "data/my set.jsonl"]) == Path("runs/eval/world_hops=2+my_set")
 

@@ -407,8 +407,8 @@ def test_a_server_that_is_not_up_fails_the_run_before_any_seed(tmp_path):
 
     dead = f"http://127.0.0.1:{free_port()}"
     for name, overrides in [
-        ("synth-agent.yaml", [f"llm.generator.base_url={dead}/v1"]),
-        ("synth-llm.yaml", [f"llm.generator.base_url={dead}/v1", f"solver.engine.base_url={dead}/v1"]),
+        ("synth-agent.yaml", [f"llm.generator.engine.base_url={dead}/v1"]),
+        ("synth-llm.yaml", [f"llm.generator.engine.base_url={dead}/v1", f"solver.engine.base_url={dead}/v1"]),
     ]:
         out = tmp_path / name
         args = ["synth", "run", str(ROOT / "configs" / name), "--out", str(out), "--no-progress", *overrides]
@@ -417,7 +417,7 @@ def test_a_server_that_is_not_up_fails_the_run_before_any_seed(tmp_path):
         message = str(result.exception)
         assert (
             "cannot reach the server" in message
-            and f"llm.generator.base_url={dead}/v1: ConnectError" in message
+            and f"llm.generator.engine.base_url={dead}/v1: ConnectError" in message
         )
         assert not (out / "attempts.jsonl").exists() and not (out / "errors.jsonl").exists()
 

@@ -52,7 +52,7 @@ def run(
     was written.
 
     Examples: `asearch synth configs/synth-world.yaml --out runs/synth/world0`;
-    `asearch synth configs/synth-llm.yaml llm.generator.base_url=http://127.0.0.1:8000/v1`;
+    `asearch synth configs/synth-llm.yaml llm.generator.engine.base_url=http://127.0.0.1:8000/v1`;
     `asearch synth configs/synth-agent.yaml` (an agent picks each edit; docs/synthesis.md).
     Killed, the same command continues where it stopped.
     """

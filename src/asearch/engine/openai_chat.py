@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from asearch.engine.http import HttpConfig, JsonHttpClient, RemoteHTTPError
 from asearch.engine.registry import register_engine
@@ -410,6 +411,36 @@ def chat_client(cfg: EngineConfig) -> OpenAIChatClient:
         timeout=o.timeout_s,
         **retry_kwargs(o),
     )
+
+
+def flat_endpoint_keys(data: Any, where: str, defaults: dict[str, Any], *, keep: frozenset[str] = frozenset()) -> Any:
+    """An endpoint config (judge, synthesis) as `engine`, engine kind openai: `engine.kind` defaults to openai,
+    and the older flat keys (url or base_url, model, api_key_env, max_concurrency, timeout_s, retries or
+    transport_retries; those in `keep` excepted) load as `engine.*` with a FutureWarning, `defaults` (the old
+    defaults where they differ from kind openai's) under them."""
+    flat = {"base_url": "base_url", "url": "base_url", "model": "model", "api_key_env": "api_key_env",
+            "max_concurrency": "max_concurrency", "timeout_s": "timeout_s", "retries": "retries",
+            "transport_retries": "retries"}  # fmt: skip
+    if not isinstance(data, dict):
+        return data
+    given = {k: data[k] for k in flat if k in data and k not in keep}
+    if not given and not isinstance(data.get("engine"), dict):
+        return data  # the new shape, validated already (an assignment) or to validate as it is
+    data = {k: v for k, v in data.items() if k not in given}
+    engine = data.get("engine")
+    engine = engine.model_dump(exclude_unset=True) if isinstance(engine, BaseModel) else engine
+    if given:
+        moved = ", ".join(sorted({f"{where}.engine.{flat[k]}" for k in given}))
+        warnings.warn(
+            f"{', '.join(f'{where}.{k}' for k in sorted(given))}: deprecated, use {moved} (engine kind openai)",
+            FutureWarning,
+            stacklevel=2,
+        )
+        # the flat keys win over an `engine` beside them (an override on top of a file in the new shape)
+        engine = {**(defaults if engine is None else {}), **(engine or {}), **{flat[k]: v for k, v in given.items()}}
+    if isinstance(engine, dict):
+        data["engine"] = {"kind": "openai", **engine}
+    return data
 
 
 def api_root(base_url: str) -> str:

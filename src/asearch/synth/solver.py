@@ -125,17 +125,10 @@ def build_solver(cfg: SolverConfig) -> DirectSolver:
 
 
 def chat_client(cfg: EndpointConfig) -> Any:
-    """An `OpenAIChatClient` for an endpoint config."""
-    from asearch.engine.openai_chat import OpenAIChatClient
+    """An `OpenAIChatClient` for an endpoint config (its engine, kind openai)."""
+    from asearch.engine.openai_chat import chat_client as engine_chat_client
 
-    return OpenAIChatClient(
-        cfg.base_url,
-        cfg.model,
-        api_key_env=cfg.api_key_env,
-        max_concurrency=cfg.max_concurrency,
-        timeout=cfg.timeout_s,
-        retries=cfg.retries,
-    )
+    return engine_chat_client(cfg.engine)
 
 
 @dataclass(slots=True)
