@@ -131,9 +131,9 @@ def _judge_and_replay_overrides(
     """--judge-url, --judge-model, --judge local and --replay as overrides."""
     flags = []
     if judge_url:
-        flags.append(f"eval.judge.url={json.dumps(judge_url)}")
-    if judge_model:
-        flags.append(f"eval.judge.model={json.dumps(judge_model)}")
+        flags.append(f"eval.judge.engine.base_url={json.dumps(judge_url)}")
+    if judge_model:  # the endpoint's served name, or (--judge local) the model to serve
+        flags.append(f"eval.judge.{'engine.model' if judge_url else 'model'}={json.dumps(judge_model)}")
     if judge is not None:
         if judge != "local":
             raise ConfigError(
