@@ -26,6 +26,7 @@ COMMAND_OF_PREFIX = {
     "sim-": "asearch sim NAME",
     "index": "asearch index build -c NAME",
     "server": "asearch serve -c NAME",
+    "demo-": "asearch demo -c NAME",
 }
 
 
