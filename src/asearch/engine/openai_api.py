@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import time
@@ -208,7 +209,7 @@ def chat_prompt(
             tokenize=False,
             add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message,
-            **({"tools": list(tools.request.tools)} if tools is not None else {}),
+            tools=list(tools.request.tools) if tools is not None else None,
         )
     except Exception as e:  # noqa: BLE001 - jinja's TemplateError (roles that must alternate, ...) and kin
         raise APIError(f"the chat template cannot render these messages: {e}", param="messages") from None
@@ -291,7 +292,7 @@ class TextTracker:
         return piece
 
     def _decode(self, ids: list[int]) -> str:
-        return self._tokenizer.decode(ids, skip_special_tokens=self._skip, clean_up_tokenization_spaces=False)
+        return str(self._tokenizer.decode(ids, skip_special_tokens=self._skip, clean_up_tokenization_spaces=False))
 
     def _decode_new(self, *, final: bool) -> None:
         before = self._decode(self._ids[self._prefix : self._read])
@@ -513,7 +514,7 @@ class Completion:
         """The stream chunk entry for what `c` has new since the last one (None when nothing is)."""
         text = c.tracker.take()
         ended = c.finish_reason is not None and c.tracker.done
-        calls = []
+        calls: list[Any] = []
         if c.tools is not None and c.tools.request.parse:
             text, calls = self._tool_delta(c, text, ended)
         new = c.visible[c.reported :] if self.options.logprobs and (text or ended) else []
@@ -550,6 +551,10 @@ class Completion:
         return out, list(c.reply.calls)
 
 
+def _seen(changed: asyncio.Queue[Choice], c: Choice, _task: object) -> None:
+    changed.put_nowait(c)
+
+
 async def stream_events(
     server: TokenServer, completion: Completion, sampling: Sequence[SamplingParams]
 ) -> AsyncIterator[str]:
@@ -562,7 +567,7 @@ async def stream_events(
         c: asyncio.create_task(c.run(server, sp)) for c, sp in zip(completion.choices, sampling, strict=True)
     }
     for c, task in tasks.items():
-        task.add_done_callback(lambda _, c=c: changed.put_nowait(c))  # a failed choice is seen too
+        task.add_done_callback(functools.partial(_seen, changed, c))  # a failed choice is seen too
     try:
         if completion.chat:
             yield completion.chunk([completion.opening(c) for c in completion.choices])

@@ -286,9 +286,11 @@ class CompletionRequest(SamplingFields):
     def prompts(self) -> list[str | list[int]]:
         """The prompts of the batch (one for a single string or list of ids)."""
         p = self.prompt
-        if isinstance(p, str) or (p and isinstance(p[0], int)):
-            return [p]  # type: ignore[list-item]
-        return list(p)  # type: ignore[arg-type]
+        if isinstance(p, str):
+            return [p]
+        if isinstance(p[0], int):  # one prompt of token ids (the validator refused an empty one)
+            return [p]
+        return list(p)
 
 
 class _Refused(ValueError):
