@@ -86,7 +86,7 @@ def test_agent_searches_reads_and_answers_over_the_web(fake_web, tokenizer, tmp_
 def test_failing_search_server_is_an_observation_counted_as_tool_error(fake_web, tokenizer):
     fake_web.fail_next("serper", 10, status=503)
     rt = WebRuntime()
-    tools = web_tools(fake_web, rt, resilience={"attempts": 2, "backoff_s": 0.01, "max_backoff_s": 0.02})
+    tools = web_tools(fake_web, rt, resilience={"retries": 1, "backoff_s": 0.01, "max_backoff_s": 0.02})
     traj = episode(tokenizer, tools)
     assert traj.counters["tool_errors"] == 1 and traj.answer == "unknown"
     assert traj.turns[0].tool_error == (
@@ -99,7 +99,7 @@ def test_failing_search_server_is_an_observation_counted_as_tool_error(fake_web,
 def test_slow_search_server_times_out_into_an_observation(fake_web, tokenizer):
     fake_web.delay_s["serper"] = 1.0
     rt = WebRuntime()
-    traj = episode(tokenizer, web_tools(fake_web, rt, resilience={"timeout_s": 0.2, "attempts": 1}))
+    traj = episode(tokenizer, web_tools(fake_web, rt, resilience={"timeout_s": 0.2, "retries": 0}))
     assert traj.turns[0].tool_error == "search failed: serper: timeout after 0.2 s"
     assert traj.counters["tool_errors"] == 1
 

@@ -50,7 +50,7 @@ def test_serper_renders_like_local_search(fake_web):
 def test_serper_bad_key_is_a_clear_observation_without_the_key(fake_web, monkeypatch, caplog):
     monkeypatch.setenv("SERPER_API_KEY", "sk-wrong-key-777")
     caplog.set_level(logging.DEBUG)
-    backend = SerperBackend({"base_url": fake_web.base_url, "resilience": {"attempts": 1}})
+    backend = SerperBackend({"base_url": fake_web.base_url, "resilience": {"retries": 0}})
     obs = asyncio.run(run_tool(SearchTool(backend), "Oslen"))
     assert obs.error and "HTTP 403" in obs.text and "$SERPER_API_KEY" in obs.text
     assert "sk-wrong-key-777" not in obs.text + caplog.text + repr(backend)

@@ -42,7 +42,7 @@ def test_failed_calls_are_not_billed(fake_web):
     backend = SerperBackend(
         {
             "base_url": fake_web.base_url,
-            "resilience": {"attempts": 1, "backoff_s": 0.0, "max_backoff_s": 0.0},
+            "resilience": {"retries": 0, "backoff_s": 0.0, "max_backoff_s": 0.0},
         },
         runtime=rt,
     )
