@@ -23,8 +23,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
-from asearch.engine.types import Tokenizer
-
 FormatName = Literal["hermes", "llama3"]
 ToolChoice = Literal["none", "auto", "required"]
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
@@ -105,13 +103,13 @@ def tool_request(body: Mapping[str, Any]) -> ToolRequest | None:
     return ToolRequest(tuple(tools), cast(ToolChoice, choice))
 
 
-def template_text(tokenizer: Tokenizer) -> str:
+def template_text(tokenizer: object) -> str:
     """The tokenizer's chat template(s) as one string ('' when it has none)."""
     template = getattr(tokenizer, "chat_template", None) or ""
     return " ".join(template.values()) if isinstance(template, dict) else str(template)
 
 
-def tool_call_format(tokenizer: Tokenizer) -> FormatName | None:
+def tool_call_format(tokenizer: object) -> FormatName | None:
     """How the chat template has the model write a call; None when the template does not render tools."""
     text = template_text(tokenizer)
     if "tools" not in text:

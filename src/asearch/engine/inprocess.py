@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from pydantic import Field
 
@@ -301,7 +301,7 @@ class InProcessEngine:
             await self._call("close")
             await asyncio.to_thread(self._thread.join)
 
-    def stats(self) -> dict[str, float | int]:
+    def stats(self) -> dict[str, float | int | str]:
         """Throughput counters since construction (approximate while the thread runs)."""
         s = self._stats
         wall = max(time.perf_counter() - s.started, 1e-9)
@@ -345,8 +345,9 @@ class InProcessEngine:
         if ids is None:
             if req.messages is None or self.tokenizer is None:
                 raise ValueError("request needs input_ids (or messages and an engine tokenizer)")
-            ids = self.tokenizer.apply_chat_template(
-                req.messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            ids = cast(  # tokenize=True, return_dict=False: one list of ids (HF types the union of its modes)
+                list[int],
+                self.tokenizer.apply_chat_template(req.messages, add_generation_prompt=True, tokenize=True, return_dict=False),
             )
         ids = [int(t) for t in ids]
         if not ids:
@@ -385,7 +386,7 @@ class InProcessEngine:
 
     def _response(self, row: _Row, reason: StopReason) -> GenerateResponse:
         text = (
-            self.tokenizer.decode(row.out_ids, skip_special_tokens=False)
+            cast(str, self.tokenizer.decode(row.out_ids, skip_special_tokens=False))  # one list: one str
             if self.tokenizer and row.out_ids
             else ""
         )
@@ -477,14 +478,15 @@ class InProcessEngine:
                 self._abort(cmd[1])
             else:
                 loop, fut, *args = cmd[1:]
-                handler = {
+                handlers: dict[str, Callable[..., Any]] = {
                     "pause": self._do_pause,
                     "resume": self._do_resume,
                     "update": self._do_update,
                     "abort_all": self._do_abort_all,
                     "flush": self._do_flush,
                     "close": self._do_close,
-                }[name]
+                }
+                handler = handlers[name]
                 try:
                     result = handler(*args)
                 except Exception as e:

@@ -216,6 +216,7 @@ class EnginePool:
             except RemoteError as e:
                 refused = (
                     isinstance(e, RemoteHTTPError)
+                    and e.status_code is not None
                     and e.status_code < 500
                     and e.status_code not in RETRY_STATUS
                 )
@@ -342,9 +343,9 @@ class EnginePool:
     async def _pick(self, key: str) -> _Member:
         """The trajectory's server while it is up; otherwise the live server with the fewest requests."""
         while True:
-            for m in self.members:  # a supervisor relaunched it: it lost the pool's weights
-                if m.up and m.supervisor is not None and m.supervisor.starts != m.starts:
-                    self._lose(m, "restarted by its supervisor")
+            for member in self.members:  # a supervisor relaunched it: it lost the pool's weights
+                if member.up and member.supervisor is not None and member.supervisor.starts != member.starts:
+                    self._lose(member, "restarted by its supervisor")
             m = self._sticky.get(key)
             if m is not None and m.up:
                 self._sticky.move_to_end(key)
@@ -443,8 +444,8 @@ def open_pool(
     sups = list(supervisors) or [None] * len(urls)
     engines: list[Engine] = [
         make_engine(
-            EngineConfig(
-                kind=cfg.kind, model=cfg.model_name, base_url=url, initial_version=version, **cfg.client_options()
+            EngineConfig.model_validate(  # the kind's options go flat beside kind and model
+                {"kind": cfg.kind, "model": cfg.model_name, "base_url": url, "initial_version": version, **cfg.client_options()}
             ),
             supervisors=[sup] if sup is not None else [],
         )

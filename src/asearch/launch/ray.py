@@ -179,7 +179,7 @@ class TrainerRankActor:
 
     def __init__(self, rank: int, world_size: int, threads: int):
         self.rank, self.world_size, self.threads = rank, world_size, threads
-        self.store = None  # the process group's rendezvous store: rank 0's from `address`, the others' from `setup`
+        self.store: Any = None  # the process group's rendezvous (a TCPStore): rank 0's from `address`, the others' from `setup`
 
     def address(self, bind: str) -> tuple[str, int]:
         """Where rank 0 hosts the process group's rendezvous: loopback (one machine) or this node's IP. The store
@@ -197,7 +197,7 @@ class TrainerRankActor:
 
     def setup(
         self, master: tuple[str, int], model: str, trainer_cfg: Any, temperature: float, total_steps: int,
-        mesh_shape: tuple[int, ...] | None = None, timeout_s: float | None = None,
+        mesh_shape: tuple[int, int] | None = None, timeout_s: float | None = None,
     ) -> int:  # fmt: skip
         """Join the group and build the trainer: rank 0 loads `model`, the others build it on the meta device and
         receive rank 0's weights while sharding (no full copy on them). `mesh_shape`: (replicate, shard) for HSDP."""
@@ -404,7 +404,7 @@ class RayLauncher(Launcher):
         if not ray.is_initialized():
             address = self.allocation.ray_address or os.environ.get("RAY_ADDRESS") or "auto"
             try:
-                ray.init(address=address, log_to_driver=False, logging_level="warning")
+                ray.init(address=address, log_to_driver=False, logging_level="warning")  # type: ignore[arg-type]  # ray takes a level name too
             except ConnectionError as e:
                 raise LaunchError(
                     f"launcher=ray: no Ray cluster at {address!r} ({e}). Start one with `ray start --head "
@@ -527,7 +527,7 @@ class RayLauncher(Launcher):
         self.connect()
         a = self.allocation
         placed = a.model_copy(update={"bind": self.bind})
-        server_cls = ray.remote(RolloutServerActor)
+        server_cls: Any = ray.remote(RolloutServerActor)  # ray types an actor's methods without `.remote`
         self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
             actors = []
@@ -561,7 +561,7 @@ class RayLauncher(Launcher):
 
         self.connect()
         n = self.allocation.trainer_ranks
-        rank_cls = ray.remote(TrainerRankActor)
+        rank_cls: Any = ray.remote(TrainerRankActor)  # ray types an actor's methods without `.remote`
         ranks = [
             rank_cls.options(**self._options(self._groups[1], b, self.rank_cpus, self.rank_gpus)).remote(r, n, self.trainer_threads)
             for r, b in enumerate(self.rank_bundles)

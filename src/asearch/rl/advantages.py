@@ -9,8 +9,10 @@ file or a new module of `asearch.rl` (found on the first lookup).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Annotated
 
 import torch
+from pydantic import AfterValidator
 
 from asearch.config import Config
 from asearch.registry import Registry
@@ -32,7 +34,7 @@ def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
 
 
 class AdvantageConfig(Config):
-    estimator: ESTIMATORS.name_type() = "grpo"  # a registered estimator
+    estimator: Annotated[str, AfterValidator(ESTIMATORS.check)] = "grpo"  # any registered estimator
     reward_bias: float = 0.0  # r' = (r + bias) * scale, then clipped to [-clip, clip]
     reward_scale: float = 1.0
     reward_clip: float = 20.0

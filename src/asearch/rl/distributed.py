@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -156,7 +156,7 @@ def _weights_from_rank0(model: torch.nn.Module, full: dict[str, torch.Tensor], e
     if on_meta:
         model.to_empty(device=env.device)
     opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    set_model_state_dict(model, full, options=opts)
+    set_model_state_dict(model, full, options=opts)  # type: ignore[arg-type]  # torch: an invariant dict of its value union
     for buf in model.buffers():
         dist.broadcast(buf.data, src=0)
 
@@ -250,7 +250,7 @@ class DistributedPolicyTrainer(PolicyTrainer):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_model_state_dict(self.model, options=opts)
+        return cast(dict[str, torch.Tensor], get_model_state_dict(self.model, options=opts))
 
     def save_hf(self, directory: str | os.PathLike[str], tokenizer: Any = None, dtype: str | None = None) -> Path:
         """Rank 0 writes the full model as a Hugging Face directory (tensors in `dtype` if given); every rank
@@ -267,7 +267,7 @@ class DistributedPolicyTrainer(PolicyTrainer):
 
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=opts)
-        _clone_scalars(optim_sd.get("state", {}))  # the live 'step' counters otherwise
+        _clone_scalars(cast(dict[str, Any], optim_sd).get("state", {}))  # the live 'step' counters otherwise
         return {
             "model": model_sd,
             "optimizer": optim_sd,
@@ -351,7 +351,7 @@ def _clone_scalars(optim_state: dict) -> None:
 
 def broadcast_samples(samples: Sequence[Sample] | None, env: DistEnv, src: int = 0) -> list[Sample]:
     """Rank `src`'s batch on every rank (the others pass None)."""
-    box = [list(samples) if env.rank == src else None]
+    box: list[Any] = [list(samples or ()) if env.rank == src else None]
     dist.broadcast_object_list(box, src=src, device=env.device if env.device.type == "cuda" else None)
     return box[0]
 

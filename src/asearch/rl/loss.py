@@ -18,10 +18,10 @@ The corrections (`loss.correction`, one `@register_correction` function each in 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from asearch.config import Config
 from asearch.registry import Registry
@@ -52,7 +52,7 @@ class LossConfig(Config):
         0.0, ge=0, description="k3 KL penalty against the policy the run started from (the trainer keeps a "
         "frozen copy; with LoRA it switches the adapters off instead); 0: off, no reference kept."
     )
-    correction: CORRECTIONS.name_type() = Field(
+    correction: Annotated[str, AfterValidator(CORRECTIONS.check)] = Field(  # any registered correction
         "decoupled",
         description="Off-policy correction by w = pi_prox / pi_behav. decoupled: weight w, mask tokens with w above "
         "behav_weight_cap. tis: weight min(w, tis_cap), nothing masked. token_mask: weight w, mask tokens with w "

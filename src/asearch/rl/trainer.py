@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
 import torch
 from pydantic import Field, model_validator
@@ -187,7 +187,7 @@ def _packed_micro_batches(lengths: Sequence[int], token_budget: int) -> list[lis
     rooms: list[list[int]] = []  # per micro-batch, the free tokens of each row
     for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
         n = lengths[i]
-        b, r = next(((b, r) for b, room in enumerate(rooms) for r, free in enumerate(room) if n <= free), (None, None))
+        b, r = next(((b, r) for b, room in enumerate(rooms) for r, free in enumerate(room) if n <= free), (None, 0))
         if b is None and batches and (len(rooms[-1]) + 1) * widths[-1] <= token_budget:
             b, r = len(batches) - 1, len(rooms[-1])
             rooms[-1].append(widths[-1])
@@ -602,7 +602,7 @@ class PolicyTrainer(BroadcastsWeights):
         out = {k: v / max(sums[-1], 1) for k, v in zip(keys, sums, strict=False)}
         out.update(staleness_lab_stats(self._all_sum(lab.tolist())))
         out["perf/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
-        out["perf/lr"] = self.scheduler.get_last_lr()[0]
+        out["perf/lr"] = float(self.scheduler.get_last_lr()[0])
         out["perf/train_tokens"] = float(sum(len(s.token_ids) for s in samples))
         out["perf/train_samples"] = float(len(samples))
         synchronize(self.device)  # the last optimizer step's kernels belong to this step's time

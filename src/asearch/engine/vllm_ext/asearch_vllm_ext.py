@@ -70,7 +70,7 @@ class WeightReload:
         received.extend(wg.receive_tensors(group, names, dtypes, shapes, device))
         if not load:
             return {"received": len(names)}
-        self._asearch_received = []
+        self._asearch_received: list[Any] = []
         self.reload_weights(weights_iterator=iter(received))  # type: ignore[attr-defined]
         return {"loaded": len(received), "refreshed": self._asearch_refresh_shared()}
 

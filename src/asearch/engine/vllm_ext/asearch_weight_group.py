@@ -91,7 +91,7 @@ def open_group(
         store = dist.TCPStore(master_address, int(master_port), is_master=False, timeout=timeout)
     prefixed = dist.PrefixStore(f"asearch-weights/{group_name}", store)
     if backend == "gloo":
-        group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+        group: Any = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)  # torch's stubs: no broadcast
     else:
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
