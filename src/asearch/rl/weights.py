@@ -24,7 +24,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 from asearch.engine.pool import EnginePool
 from asearch.engine.types import Engine
