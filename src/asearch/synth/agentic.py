@@ -34,7 +34,7 @@ from typing import Any
 from asearch.agent.loop import AgentConfig, run_episode
 from asearch.agent.trajectory import Trajectory
 from asearch.agent.workflow import EpisodeItem, SearchAgentWorkflow
-from asearch.synth.backend import Draft, EditAction, Seed
+from asearch.synth.backend import Draft, EditAction, Seed, register_synth_backend
 from asearch.synth.config import SynthConfig
 from asearch.synth.llm_backend import LLMBackend, answer_changed, json_reply, split_links
 from asearch.synth.records import Statement, Uniqueness
@@ -417,3 +417,9 @@ def build_agent_synthesizer(cfg: SynthConfig, synth: Synthesizer, *, engine: Any
         tokenizer, name = engine.tokenizer, f"given:{type(engine).__name__}"
     workflow = SynthAgentWorkflow(synth, tokenizer, tools, cfg, agent_name=name)
     return AgentSynthesizer(workflow, engine, closers)
+
+
+@register_synth_backend("agent", uses_generator=True, agentic=True, judges=True)
+def build_agent_backend(cfg: SynthConfig) -> LLMBackend:
+    """The LLM backend writes the base QA and runs the gates; the agent loop (`build_agent_synthesizer`) does the rest."""
+    return LLMBackend(cfg.llm, cfg.gates, cfg.seed)

@@ -11,6 +11,7 @@ from asearch.config import Config
 from asearch.engine.openai_chat import flat_endpoint_keys
 from asearch.engine.registry import EngineConfig
 from asearch.net import RetryConfig
+from asearch.synth.backend import SYNTH_BACKENDS, backend_kind
 
 DIRECT_ANSWER_PROMPT = (
     "Answer the question from memory with only the answer: a name, a year or a number. "
@@ -247,10 +248,10 @@ class AgentBackendConfig(Config):
 class SynthConfig(Config):
     """One synthesis run (`asearch synth configs/synth-world.yaml --out DIR`)."""
 
-    backend: Literal["graph", "llm", "agent"] = Field(
+    backend: SYNTH_BACKENDS.name_type() = Field(
         "graph",
         description="graph: the embedded world; llm: one prompt per operator; agent: an LLM picks each step "
-        "(search, access, inject, fuzz, stop) in the agent loop.",
+        "(search, access, inject, fuzz, stop) in the agent loop; or any registered backend (synth/backend.py).",
     )
     seed: int = Field(0, description="Seeds the seed order and every operator's choices.")
     n_questions: int = Field(
@@ -280,13 +281,14 @@ class SynthConfig(Config):
 
     @model_validator(mode="after")
     def _backend_ready(self) -> SynthConfig:
-        if self.backend in ("llm", "agent") and self.llm.generator is None:
+        kind = backend_kind(self.backend)
+        if kind.uses_generator and self.llm.generator is None:
             raise ValueError(
                 f"backend={self.backend!r} needs llm.generator (base_url and model of the generator endpoint)"
             )
-        if self.grading.method == "judge" and self.backend == "graph" and self.llm.judge is None:
+        if self.grading.method == "judge" and not kind.judges and self.llm.judge is None:
             raise ValueError(
-                "grading.method='judge' with the graph backend needs llm.judge (the judge endpoint)"
+                f"grading.method='judge' with the {self.backend} backend needs llm.judge (the judge endpoint)"
             )
         return self
 

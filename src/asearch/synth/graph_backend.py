@@ -15,8 +15,8 @@ from typing import Any
 from asearch.corpus.world import RELATIONS, KnowledgeGraph, Range, WorldCorpus
 from asearch.corpus.world.names import form_words
 from asearch.corpus.world.questions import FINAL_ATTRIBUTES
-from asearch.synth.backend import Draft, EditAction, GateResult, Seed
-from asearch.synth.config import GateConfig, GraphBackendConfig
+from asearch.synth.backend import Draft, EditAction, GateResult, Seed, register_synth_backend
+from asearch.synth.config import GateConfig, GraphBackendConfig, SynthConfig
 from asearch.synth.pattern import (
     CONSTRAINABLE,
     HEAD_ATTRIBUTES,
@@ -395,3 +395,9 @@ def _pick_kind(options: list[tuple[str, Any]], rng: random.Random) -> tuple[str,
         groups.setdefault(key, []).append((kind, what))
     key = rng.choice(sorted(groups, key=str))
     return rng.choice(groups[key])
+
+
+@register_synth_backend("graph")
+def build_graph_backend(cfg: SynthConfig) -> GraphBackend:
+    """The embedded world's knowledge graph: exact edits and checks, no model."""
+    return GraphBackend(cfg.graph, cfg.gates, cfg.seed)

@@ -19,8 +19,8 @@ from typing import Any
 from asearch.corpus.types import Page
 from asearch.metrics.judge import LLMJudge
 from asearch.metrics.normalize import normalize_answer
-from asearch.synth.backend import Draft, EditAction, GateResult, Seed
-from asearch.synth.config import EndpointConfig, GateConfig, LLMBackendConfig
+from asearch.synth.backend import Draft, EditAction, GateResult, Seed, register_synth_backend
+from asearch.synth.config import EndpointConfig, GateConfig, LLMBackendConfig, SynthConfig
 from asearch.synth.graph_backend import text_problems
 from asearch.synth.records import Statement, Uniqueness
 from asearch.synth.solver import chat_client
@@ -404,3 +404,9 @@ def answer_changed(obj: dict[str, Any], answer: str) -> str:
     if "answer" in obj and normalize_answer(str(obj["answer"])) != normalize_answer(answer):
         return f"answer changed: {answer!r} -> {str(obj['answer'])!r}"
     return ""
+
+
+@register_synth_backend("llm", uses_generator=True, judges=True)
+def build_llm_backend(cfg: SynthConfig) -> LLMBackend:
+    """One prompt per operator and gate to llm.generator (and llm.judge)."""
+    return LLMBackend(cfg.llm, cfg.gates, cfg.seed)

@@ -28,7 +28,7 @@ from asearch.files import (
     write_jsonl,
 )
 from asearch.metrics.normalize import normalize_answer
-from asearch.synth.backend import Seed, SynthBackend
+from asearch.synth.backend import Seed, SynthBackend, backend_kind
 from asearch.synth.config import SynthConfig
 from asearch.synth.dedup import NearDuplicateIndex
 from asearch.synth.preflight import check_endpoints, endpoints_to_check
@@ -190,7 +190,7 @@ def _build_runner(
         grader = build_grader(cfg, backend)
         owned.append(grader)
     synth = Synthesizer(backend, solver, grader, cfg)
-    if cfg.backend != "agent":
+    if not backend_kind(cfg.backend).agentic:
         return synth, backend
     from asearch.synth.agentic import build_agent_synthesizer
 
@@ -303,14 +303,9 @@ def finalize(out_dir: str | Path, cfg: SynthConfig, *, models: dict[str, str] | 
 
 
 def build_backend(cfg: SynthConfig) -> SynthBackend:
-    """The graph backend, or the LLM backend (the agent backend writes its base QA and runs its gates with it)."""
-    if cfg.backend == "graph":
-        from asearch.synth.graph_backend import GraphBackend
-
-        return GraphBackend(cfg.graph, cfg.gates, cfg.seed)
-    from asearch.synth.llm_backend import LLMBackend
-
-    return LLMBackend(cfg.llm, cfg.gates, cfg.seed)
+    """The backend `cfg.backend` names, built by its registered function (graph, llm; agent: the LLM backend,
+    which writes its base QA and runs its gates)."""
+    return backend_kind(cfg.backend).build(cfg)
 
 
 def build_grader(cfg: SynthConfig, backend: SynthBackend) -> Grader:

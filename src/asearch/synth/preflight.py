@@ -10,6 +10,7 @@ from __future__ import annotations
 import httpx
 
 from asearch.errors import RemoteError
+from asearch.synth.backend import backend_kind
 from asearch.synth.config import SynthConfig
 
 
@@ -18,13 +19,14 @@ def endpoints_to_check(
 ) -> dict[str, str]:
     """{config key: url} of the servers the parts built from `cfg` call (a flag False: that part is given)."""
     found: dict[str, str] = {}
-    if backend and cfg.backend in ("llm", "agent"):
+    kind = backend_kind(cfg.backend)
+    if backend and kind.uses_generator:
         for key, endpoint in (("llm.generator", cfg.llm.generator), ("llm.judge", cfg.llm.judge)):
             if endpoint is not None:
                 found[f"{key}.engine.base_url"] = str(endpoint.engine.base_url)
     if solver and cfg.solver.engine.base_url:
         found["solver.engine.base_url"] = cfg.solver.engine.base_url
-    if agent and cfg.backend == "agent":
+    if agent and kind.agentic:
         engine = cfg.agent_engine()
         if engine.base_url:
             key = "agent.engine.base_url" if cfg.agent.engine is not None else "llm.generator.engine.base_url"

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from statistics import mean
 from typing import Any
 
+from asearch.synth.backend import backend_kind
+
 REASONS = {
     "no_base": "the seed gave no base QA",
     "base_quality": "base QA failed the quality gate",
@@ -29,7 +31,7 @@ AGENT_ACTIONS = ("search", "access", "inject", "fuzz", "stop", "malformed")
 
 def reasons_for(backend: str) -> dict[str, str]:
     """Reason code -> what it means, for the seeds of a run of `backend`."""
-    return AGENT_REASONS if backend == "agent" else REASONS
+    return AGENT_REASONS if backend_kind(backend).agentic else REASONS
 
 
 def build_report(
@@ -98,7 +100,7 @@ def build_report(
             "dedup_threshold": cfg.dedup.threshold if cfg.dedup.enabled else None,
         },
     }
-    if cfg.backend == "agent":
+    if backend_kind(cfg.backend).agentic:
         report["agent"] = _agent_counts(attempts, rows)
     if structure and "facts" in structure[0]:
         report["structure"] = {
