@@ -148,3 +148,49 @@ def test_trainer_broadcasts_to_two_servers_and_a_restarted_one_rejoins(servers, 
             trainer.leave_weight_group()
 
     asyncio.run(go())
+
+
+def test_a_server_killed_during_a_broadcast_ends_that_version_at_once(servers, sglang_models, ref_logprobs, tmp_path) -> None:
+    """Server 0 (rank 1) dies as the trainer starts broadcasting: the trainer's send fails, every server is told to
+    leave the group, and the version goes by disk within seconds, not after `weights_timeout_s` (600 here) that a
+    member receiving through the dead one would otherwise wait."""
+    from asearch.rl.trainer import PolicyTrainer, TrainerConfig
+    from asearch.rl.weights import CollectiveWeights, DiskWeights
+
+    policy = copy.deepcopy(sglang_models["v1"][0])
+    bf16_exact(policy)
+    trainer = PolicyTrainer(policy, TrainerConfig(), temperature=1.0)
+    sups, urls = [s for s, _ in servers], [u for _, u in servers]
+    for sup in sups:  # the previous test restarted one: wait until both answer
+        sup.ensure_healthy(120)
+    broadcast = trainer.broadcast_weights_or_leave
+
+    def kill_then_broadcast(dtype: str) -> int:
+        os.kill(sups[0].pid, signal.SIGKILL)
+        return broadcast(dtype)
+
+    async def go() -> float:
+        engines = [SGLangEngine(u, cfg=SGLangEngineConfig(http=HTTP, update_kv="recompute")) for u in urls]
+        pool = EnginePool(engines, names=urls, supervisors=sups)
+        disk = DiskWeights(pool, trainer, sglang_models["v0"][2], tmp_path / "weights", keep=2)
+        weights = CollectiveWeights(pool, trainer, disk, urls, bucket_mb=0.02, timeout_s=600)
+        try:
+            await weights.push(1)
+            assert weights.metrics()["weights/collective"] == 1.0
+            trainer.broadcast_weights_or_leave = kill_then_broadcast  # type: ignore[method-assign]
+            t0 = time.monotonic()
+            await weights.push(2)
+            seconds = time.monotonic() - t0
+            assert weights.metrics()["weights/collective"] == 0.0  # went by disk
+            assert (tmp_path / "weights" / "v2").is_dir()
+            resp = await pool.members[1].engine.generate(greedy(8))  # the survivor serves version 2
+            assert resp.output_versions == [2] * len(resp.output_ids)
+            ref = ref_logprobs(policy, PROMPT, resp.output_ids)
+            assert max(abs(a - b) for a, b in zip(resp.output_logprobs, ref, strict=True)) <= ATOL
+            return seconds
+        finally:
+            await weights.close()
+            await pool.close()
+            trainer.leave_weight_group()
+
+    assert asyncio.run(go()) < 60  # 0.5 s measured; without the abort the survivor waits the full timeout

@@ -112,73 +112,11 @@ class DecoderWeights:
         Validates every name and shape first, so a bad state dict raises ConfigError and leaves the
         caller's current weights untouched.
         """
-        expected = expected_shapes(spec)
-        ignorable = {"lm_head.weight"} if spec.tie_embeddings else set()
-        required = {k for k in expected if not k.endswith(".bias")} - ignorable
-        missing = sorted(k for k in required if k not in sd)
-        unexpected = sorted(k for k in sd if k not in expected and not k.endswith("rotary_emb.inv_freq"))
-        bad_shape = [
-            f"{k}: {tuple(sd[k].shape)} != {shape}"
-            for k, shape in expected.items()
-            if k in sd and tuple(sd[k].shape) != shape
-        ]
-        if missing or unexpected or bad_shape:
-            raise ConfigError(
-                f"state dict does not fit this {spec.model_type} model: "
-                f"missing {missing[:6]}{'...' if len(missing) > 6 else ''}, "
-                f"unexpected {unexpected[:6]}{'...' if len(unexpected) > 6 else ''}, "
-                f"wrong shapes {bad_shape[:6]}"
-            )
-
-        def get(name: str) -> Tensor:
-            return sd[name].detach().to(device=device, dtype=dtype).clone()
-
-        def opt(name: str) -> Tensor | None:
-            return get(name) if name in sd else None
-
-        def cat(*names: str) -> Tensor:
-            return torch.cat([sd[n].detach().to(device=device, dtype=dtype) for n in names], dim=0)
-
-        def tcat(*names: str) -> Tensor:  # (out, in) pieces -> contiguous (in, sum of out), cast in the same copy
-            parts = [sd[n].detach() for n in names]
-            out = torch.empty(parts[0].shape[1], sum(w.shape[0] for w in parts), dtype=dtype, device=device)
-            start = 0
-            for w in parts:  # one pass per piece: a weight swap is ~3x faster than cat, then transpose
-                out[:, start : start + w.shape[0]].copy_(w.t())
-                start += w.shape[0]
-            return out
-
-        def opt_cat(*names: str) -> Tensor | None:
-            present = [n in sd for n in names]
-            if not any(present):
-                return None
-            if not all(present):  # Qwen2-style: biases on q/k/v together or none
-                raise ConfigError(f"state dict has only some of {names}")
-            return cat(*names)
-
-        layers = []
-        for i in range(spec.layers):
-            p = f"model.layers.{i}."
-            a, m = p + "self_attn.", p + "mlp."
-            layers.append(
-                LayerWeights(
-                    in_norm=get(p + "input_layernorm.weight"),
-                    qkv_wt=tcat(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"),
-                    qkv_b=opt_cat(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"),
-                    o_wt=tcat(a + "o_proj.weight"),
-                    o_b=opt(a + "o_proj.bias"),
-                    q_norm=opt(a + "q_norm.weight"),
-                    k_norm=opt(a + "k_norm.weight"),
-                    post_norm=get(p + "post_attention_layernorm.weight"),
-                    gate_up_wt=tcat(m + "gate_proj.weight", m + "up_proj.weight"),
-                    gate_up_b=opt_cat(m + "gate_proj.bias", m + "up_proj.bias"),
-                    down_wt=tcat(m + "down_proj.weight"),
-                    down_b=opt(m + "down_proj.bias"),
-                )
-            )
-        embed = get("model.embed_tokens.weight")
-        lm_head = embed if spec.tie_embeddings or "lm_head.weight" not in sd else get("lm_head.weight")
-        return cls(embed=embed, layers=layers, final_norm=get("model.norm.weight"), lm_head=lm_head)
+        builder = DecoderWeightsBuilder(spec, dtype, device)
+        builder.check({k: tuple(v.shape) for k, v in sd.items()}, complete=True)
+        for name, tensor in sd.items():
+            builder.put(name, tensor)
+        return builder.finish()
 
     def copy_(self, other: DecoderWeights) -> bool:
         """Copy `other`'s values into these tensors (addresses kept, as captured CUDA graphs need); False,
@@ -226,6 +164,100 @@ def expected_shapes(spec: DecoderSpec) -> dict[str, tuple[int, ...]]:
         out[p + "mlp.down_proj.weight"] = (h, spec.intermediate)
         out[p + "mlp.down_proj.bias"] = (h,)
     return out
+
+
+class DecoderWeightsBuilder:
+    """`DecoderWeights` filled one HF-named tensor at a time: each is copied (cast, and transposed into its
+    fused (in, out) matrix) as it arrives, so a weight broadcast converts one tensor while the next is on
+    the wire. `finish` checks that nothing required is missing and returns the weights."""
+
+    def __init__(self, spec: DecoderSpec, dtype: torch.dtype, device: torch.device | str = "cpu"):
+        self.spec, self.dtype, self.device = spec, dtype, device
+        self.expected = expected_shapes(spec)
+        h, q, kv, inter = spec.hidden, spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim, spec.intermediate
+        # layer-relative name -> (field, first column or element, transposed into an (in, out) matrix)
+        self._places: dict[str, tuple[str, int, bool]] = {
+            "input_layernorm.weight": ("in_norm", 0, False),
+            "post_attention_layernorm.weight": ("post_norm", 0, False),
+            "self_attn.o_proj.weight": ("o_wt", 0, True),
+            "self_attn.o_proj.bias": ("o_b", 0, False),
+            "self_attn.q_norm.weight": ("q_norm", 0, False),
+            "self_attn.k_norm.weight": ("k_norm", 0, False),
+            "mlp.down_proj.weight": ("down_wt", 0, True),
+            "mlp.down_proj.bias": ("down_b", 0, False),
+        }
+        for fused, names in (("qkv", (("q", 0), ("k", q), ("v", q + kv))), ("gate_up", (("gate", 0), ("up", inter)))):
+            part = "self_attn" if fused == "qkv" else "mlp"
+            for name, start in names:
+                self._places[f"{part}.{name}_proj.weight"] = (f"{fused}_wt", start, True)
+                self._places[f"{part}.{name}_proj.bias"] = (f"{fused}_b", start, False)
+        self._fused_shapes = {"qkv_wt": (h, q + 2 * kv), "qkv_b": (q + 2 * kv,), "gate_up_wt": (h, 2 * inter), "gate_up_b": (2 * inter,)}
+        self._tensors: dict[tuple[int, str], Tensor] = {}  # (layer or -1, field) -> the tensor being filled
+        self._seen: set[str] = set()
+
+    def check(self, shapes: Mapping[str, tuple[int, ...]], *, complete: bool = False) -> None:
+        """ConfigError for a name this model has no place for or a wrong shape (and, `complete`, a missing one)."""
+        ignorable = {"lm_head.weight"} if self.spec.tie_embeddings else set()
+        required = {k for k in self.expected if not k.endswith(".bias")} - ignorable
+        missing = sorted(k for k in required if k not in shapes) if complete else []
+        unexpected = sorted(k for k in shapes if k not in self.expected and not k.endswith("rotary_emb.inv_freq"))
+        bad = [f"{k}: {tuple(s)} != {self.expected[k]}" for k, s in shapes.items() if k in self.expected and tuple(s) != self.expected[k]]
+        if missing or unexpected or bad:
+            raise ConfigError(
+                f"state dict does not fit this {self.spec.model_type} model: "
+                f"missing {missing[:6]}{'...' if len(missing) > 6 else ''}, "
+                f"unexpected {unexpected[:6]}{'...' if len(unexpected) > 6 else ''}, "
+                f"wrong shapes {bad[:6]}"
+            )
+
+    def put(self, name: str, tensor: Tensor) -> None:
+        """Copy `tensor` into its place (names `check` accepts; a tied model's lm_head and RoPE buffers are skipped)."""
+        if name not in self.expected or (name == "lm_head.weight" and self.spec.tie_embeddings):
+            return
+        if tuple(tensor.shape) != self.expected[name]:
+            self.check({name: tuple(tensor.shape)})  # raises, naming it
+        src = tensor.detach()
+        layer, field, start, transposed = self._place(name)
+        if transposed:
+            src = src.t()
+        width = src.shape[-1] if src.dim() == 2 else src.shape[0]
+        dest = self._dest(layer, field, tuple(src.shape))
+        if dest.dim() == 2:
+            dest[:, start : start + width].copy_(src)
+        else:
+            dest[start : start + width].copy_(src)
+        self._seen.add(name)
+
+    def _place(self, name: str) -> tuple[int, str, int, bool]:
+        if not name.startswith("model.layers."):
+            return -1, {"model.embed_tokens.weight": "embed", "model.norm.weight": "final_norm"}.get(name, "lm_head"), 0, False
+        layer, rest = name.removeprefix("model.layers.").split(".", 1)
+        return (int(layer), *self._places[rest])
+
+    def _dest(self, layer: int, field: str, shape: tuple[int, ...]) -> Tensor:
+        key = (layer, field)
+        if key not in self._tensors:
+            full = self._fused_shapes.get(field, shape)
+            self._tensors[key] = torch.empty(full, dtype=self.dtype, device=self.device)
+        return self._tensors[key]
+
+    def finish(self) -> DecoderWeights:
+        """The weights, once every required tensor has arrived (ConfigError naming what is missing)."""
+        self.check({k: self.expected[k] for k in self._seen}, complete=True)
+        for i in range(self.spec.layers):
+            p = f"model.layers.{i}."
+            for names in (("q", "k", "v"), ("gate", "up")):
+                part = "self_attn" if names[0] == "q" else "mlp"
+                present = [f"{p}{part}.{n}_proj.bias" in self._seen for n in names]
+                if any(present) and not all(present):  # Qwen2-style: biases on q/k/v together or none
+                    raise ConfigError(f"state dict has only some of the {'/'.join(names)} biases of layer {i}")
+        t = self._tensors
+        layers = [
+            LayerWeights(**{f: t.get((i, f)) for f in LayerWeights.__slots__})  # type: ignore[arg-type]
+            for i in range(self.spec.layers)
+        ]
+        embed = t[(-1, "embed")]
+        return DecoderWeights(embed=embed, layers=layers, final_norm=t[(-1, "final_norm")], lm_head=t.get((-1, "lm_head"), embed))
 
 
 def load_safetensors_dir(directory: str | Path) -> dict[str, Tensor]:

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from asearch.engine.decoder import DecoderWeights, DecoderWeightsBuilder
     from asearch.engine.registry import EngineConfig
     from asearch.engine.sampling import RowSampling
 
@@ -266,14 +267,24 @@ class InProcessEngine:
     async def resume(self) -> None:
         await self._call("resume")
 
-    async def update_weights(self, source: WeightSource, version: int, *, kv: UpdateKV | None = None) -> None:
+    def weight_builder(self) -> DecoderWeightsBuilder:
+        """An empty set of weights of this engine's layout, dtype and device, to fill tensor by tensor while
+        generation goes on (a weight broadcast); `update_weights(builder.finish(), ...)` then only swaps."""
+        from asearch.engine.decoder import DecoderWeightsBuilder
+
+        return DecoderWeightsBuilder(self.spec, self._dtype, self.device)
+
+    async def update_weights(
+        self, source: WeightSource | DecoderWeights, version: int, *, kv: UpdateKV | None = None
+    ) -> None:
         """Load new weights between two decode steps; in-flight requests continue under them.
 
         `source` is a state dict (its tensors are copied before this returns, so the trainer may change
-        them right after) or an HF safetensors directory. `kv` (default `cfg.update_kv`): "recompute"
-        recomputes every in-flight request's KV cache (prompt + tokens so far) under the new weights before
-        its next token and drops the prefix cache; "keep" keeps both, so the next tokens attend to keys and
-        values the old weights computed. Either way every token sampled after this carries `version`.
+        them right after), an HF safetensors directory, or weights from `weight_builder` (taken as they
+        are). `kv` (default `cfg.update_kv`): "recompute" recomputes every in-flight request's KV cache
+        (prompt + tokens so far) under the new weights before its next token and drops the prefix cache;
+        "keep" keeps both, so the next tokens attend to keys and values the old weights computed. Either
+        way every token sampled after this carries `version`.
         """
         kv = kv or self.cfg.update_kv
         if kv not in ("recompute", "keep"):
@@ -502,22 +513,25 @@ class InProcessEngine:
     def _do_resume(self) -> None:
         self._paused = False
 
-    def _do_update(self, source: WeightSource, version: int, kv: UpdateKV) -> None:
+    def _do_update(self, source: WeightSource | DecoderWeights, version: int, kv: UpdateKV) -> None:
         import torch
 
         from asearch.engine.decoder import DecoderWeights, load_safetensors_dir
 
         t = time.perf_counter()
-        if isinstance(source, Mapping):
-            sd = source
-        else:
-            path = Path(source)
-            if not path.is_dir():
-                raise FileNotFoundError(f"update_weights: {path} is not a directory of safetensors")
-            sd = load_safetensors_dir(path)
         if self._stream is not None:  # the source may still be being written on another stream
             torch.cuda.synchronize(self.device)
-        new = DecoderWeights.from_state_dict(self.spec, sd, self._dtype, self.device)  # validates first
+        if isinstance(source, DecoderWeights):
+            new = source
+        else:
+            if isinstance(source, Mapping):
+                sd = source
+            else:
+                path = Path(source)
+                if not path.is_dir():
+                    raise FileNotFoundError(f"update_weights: {path} is not a directory of safetensors")
+                sd = load_safetensors_dir(path)
+            new = DecoderWeights.from_state_dict(self.spec, sd, self._dtype, self.device)  # validates first
         # Captured graphs read the weights where they are: copy into them (or drop the graphs if the layout changed).
         if self._graphs is None or not self._weights.copy_(new):
             self._weights = new

@@ -20,7 +20,6 @@ Tokens stay honestly tagged meanwhile: a launched server labels its weights (`--
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import OrderedDict
@@ -73,13 +72,13 @@ class RolloutServersConfig(Config):
         description="Servers already running (same model). Empty with launcher=local: it starts them.",
     )
     weights: Literal["collective", "disk"] = Field(
-        "disk",
+        "collective",
         description="How a new version reaches the servers. disk: saved as an HF directory RUN/weights/vN, then "
         "loaded by every server (update_weights_from_disk / reload_weights). collective: the trainer's rank 0 "
         "broadcasts it in buckets over a torch.distributed group the servers join (gloo on CPU, NCCL on CUDA; "
         "SGLang's update_weights_from_distributed, vLLM through asearch's worker extension); a version goes to "
-        "disk instead when a server restarted or left the pool, and for kinds without the group methods "
-        "(docs/rl.md: a server killed in the middle of a broadcast can hold that push up to weights_timeout_s).",
+        "disk instead when a server restarted or left the pool, when the group cannot form, and for kinds "
+        "without the group methods (docs/rl.md, 'Weight sync').",
     )
     weights_bucket_mb: float = Field(
         512.0, gt=0, description="collective: megabytes of tensors per update message (one HTTP call per bucket)."
@@ -96,7 +95,11 @@ class RolloutServersConfig(Config):
         "gloo when the trainer and a server share one GPU (NCCL refuses two ranks on one device).",
     )
     weights_timeout_s: float = Field(
-        600.0, gt=0, description="collective: how long forming the group or one broadcast may take before it fails."
+        120.0,
+        gt=0,
+        description="collective: how long forming the group may take, and how long any member waits with no "
+        "broadcast finishing (a frozen peer) before that version goes by disk. A server that dies ends the "
+        "version at once: every member is told to leave the group.",
     )
     keep_weights: int = Field(
         2, ge=2, description="Saved versions kept on disk (the latest is what a restarted server loads)."
@@ -290,11 +293,10 @@ class EnginePool:
                     await m.engine.update_weights_from_distributed(buckets, version, group_name)
                 except Exception as e:  # noqa: BLE001 - every server must be heard from before the group is given up
                     failed.append(f"{m.name}: {type(e).__name__}: {e}")
-                    if isinstance(e, RemoteError):
+                    # every server leaves: one receiving through a lost peer would otherwise wait out its timeout
+                    await self.abort_weight_group(group_name, group)
+                    if isinstance(e, RemoteError) and not await self._answers(m):
                         self._lose(m, e)
-                    # a server that gave up leaves the group: a broadcast waiting on it fails instead of hanging
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(m.engine.destroy_weights_update_group(group_name), 10)
 
             await asyncio.gather(*(receive(m) for m in group))
             if failed:
@@ -303,6 +305,24 @@ class EnginePool:
             for m in group:
                 m.updates += 1
             self._version, self._disk_behind = version, True
+
+    async def abort_weight_group(self, group_name: str, members: Sequence[_Member] | None = None) -> None:
+        """Every server of the group leaves it now, without the pool's lock (a version being received holds it):
+        their receives fail at once instead of waiting for a peer that is gone. Idempotent."""
+        members = self._group if members is None else members
+        await asyncio.gather(
+            *(asyncio.wait_for(m.engine.destroy_weights_update_group(group_name), 10) for m in members),
+            return_exceptions=True,
+        )
+
+    async def _answers(self, m: _Member) -> bool:
+        """Whether `m` answers its health check (a server that refused an update may be alive)."""
+        if not hasattr(m.engine, "health"):
+            return True
+        try:
+            return all(await asyncio.wait_for(m.engine.health(), 10))
+        except Exception:  # noqa: BLE001 - any failure to answer is an answer
+            return False
 
     async def destroy_weights_update_group(self, group_name: str) -> None:
         """Live servers leave the weight group (one that cannot is left as it is)."""

@@ -44,6 +44,7 @@ from fastapi.responses import JSONResponse
 from asearch.engine.openai_api import APIError, json_body, mount_openai_api
 from asearch.engine.supervisor import ServerSupervisor, SupervisorConfig
 from asearch.engine.types import GenerateRequest, GenerateResponse, SamplingParams
+from asearch.errors import ConfigError
 
 if TYPE_CHECKING:
     from asearch.engine.inprocess import InProcessEngine, InProcessEngineConfig
@@ -160,7 +161,7 @@ class EngineServer:
         self._next_id = 0
         self._update_lock = asyncio.Lock()
         self._groups: dict[str, WeightGroup] = {}  # weight-broadcast groups joined (init_weights_update_group)
-        self._received: dict[str, dict[str, Any]] = {}  # per group: tensors of the update being received
+        self._received: dict[str, Any] = {}  # per group: the update being received (a weight builder or a dict)
 
     # ------------------------------------------------------------------ generation
 
@@ -419,32 +420,44 @@ class EngineServer:
 
     async def update_weights_from_group(self, body: Mapping[str, Any]) -> tuple[bool, str]:
         """Receive one bucket (SGLang's /update_weights_from_distributed): the listed tensors, one broadcast
-        each. Generation goes on while tensors arrive; the bucket that carries `weight_version` (the last of
-        an update) swaps them in through the same gate as a disk update."""
+        each, each put in the engine's layout as it arrives while generation goes on; the bucket that carries
+        `weight_version` (the last of an update) swaps them in through the same gate as a disk update. A
+        broadcast that fails or stalls (a peer died) leaves the group, so its other members fail too."""
         name = str(body.get("group_name") or "weights")
         group = self._groups.get(name)
         if group is None:
             raise BadRequest(f"no weight group {name!r}: call /init_weights_update_group first")
+        try:
+            names, dtypes, shapes = list(body["names"]), list(body["dtypes"]), [tuple(s) for s in body["shapes"]]
+            received = self._received.get(name)
+            if received is None:
+                received = self._received[name] = self.engine.weight_builder() if hasattr(self.engine, "weight_builder") else {}
+            if not isinstance(received, dict):
+                received.check(dict(zip(names, shapes, strict=True)))  # before anything is on the wire
+        except (KeyError, TypeError, ValueError, ConfigError) as e:
+            raise BadRequest(f"update_weights_from_distributed: bad body ({e!r})") from e
         from asearch.engine.weight_group import receive_tensors
 
+        put = received.__setitem__ if isinstance(received, dict) else received.put
         try:
-            tensors = await asyncio.to_thread(
-                receive_tensors, group, body["names"], body["dtypes"], body["shapes"], self.engine.device
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise BadRequest(f"update_weights_from_distributed: bad body ({e!r})") from e
-        received = self._received.setdefault(name, {})
-        received.update(tensors)
-        if body.get("weight_version") is None:
-            return True, f"Received {len(tensors)} tensors."
-        del self._received[name]
-        return await self._swap_weights(received, body, f"group:{name}")  # one token: log readers split on spaces
+            await asyncio.to_thread(receive_tensors, group, names, dtypes, shapes, self.engine.device, put)
+            if body.get("weight_version") is None:
+                return True, f"Received {len(names)} tensors."
+            del self._received[name]
+            weights = received if isinstance(received, dict) else await asyncio.to_thread(received.finish)
+        except Exception as e:  # noqa: BLE001 - reported to the client, as SGLang does
+            log.warning("weight group %s: receiving failed, leaving the group: %s", name, e)
+            await self.destroy_weights_group({"group_name": name})
+            return False, f"Failed to receive weights: {type(e).__name__}: {e}"
+        return await self._swap_weights(weights, body, f"group:{name}")  # one token: log readers split on spaces
 
     async def destroy_weights_group(self, body: Mapping[str, Any]) -> None:
+        """Leave the group; a receive in progress fails at once (`abort`) rather than waiting for its peers."""
         name = str(body.get("group_name") or "weights")
         self._received.pop(name, None)
         group = self._groups.pop(name, None)
         if group is not None:
+            group.abort()
             await asyncio.to_thread(group.close)
 
     async def _until_idle_or_frozen(self) -> None:

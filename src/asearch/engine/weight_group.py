@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from asearch.engine.vllm_ext.asearch_weight_group import (
         BACKENDS,
         WeightGroup,
+        WeightGroupError,
         dtype_name,
         host_store,
         open_group,
@@ -35,7 +36,9 @@ if TYPE_CHECKING:
 
 # The torch-only group code, imported on first use: the engine clients import this module for `Bucket` and
 # `GroupAddress`, and listing the engine kinds must not import torch.
-_GROUP_NAMES = frozenset({"BACKENDS", "WeightGroup", "dtype_name", "host_store", "open_group", "parse_dtype", "receive_tensors"})
+_GROUP_NAMES = frozenset(
+    {"BACKENDS", "WeightGroup", "WeightGroupError", "dtype_name", "host_store", "open_group", "parse_dtype", "receive_tensors"}
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -50,6 +53,7 @@ __all__ = [
     "Bucket",
     "GroupAddress",
     "WeightGroup",
+    "WeightGroupError",
     "dtype_name",
     "host_store",
     "open_group",
@@ -82,6 +86,7 @@ class GroupAddress:
     world_size: int
     group_name: str
     backend: str
+    timeout_s: float = 600.0  # joining, and how long a member waits with no broadcast finishing
 
     def body(self, rank_offset: int) -> dict:
         return {
@@ -91,6 +96,7 @@ class GroupAddress:
             "world_size": self.world_size,
             "group_name": self.group_name,
             "backend": self.backend,
+            "timeout_s": self.timeout_s,
         }
 
 

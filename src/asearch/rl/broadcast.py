@@ -114,11 +114,16 @@ class BroadcastsWeights:
                 out = full.detach().to(device=device, dtype=wire).contiguous()
                 in_flight.append((self._weight_group.start_broadcast(out), out))
                 if len(in_flight) > 2:
-                    in_flight.pop(0)[0].wait()
+                    self._weight_group.wait([in_flight.pop(0)[0]])
                 sent += out.numel() * out.element_size()
-        for work, _ in in_flight:
-            work.wait()
+        if self._weight_group is not None:
+            self._weight_group.wait([work for work, _ in in_flight])
         return sent
+
+    def abort_weight_broadcast(self) -> None:
+        """Make a `broadcast_weights` running in another thread fail now (a server gave up on the version)."""
+        if self._weight_group is not None:
+            self._weight_group.abort()
 
     def broadcast_weights_or_leave(self, dtype: str = "bfloat16") -> int:
         """`broadcast_weights`; when it fails (a server left), rank 0 leaves the group first: closing its end

@@ -24,11 +24,11 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from asearch.engine.pool import EnginePool
 from asearch.engine.types import Engine
-from asearch.engine.weight_group import GroupAddress, parse_dtype, plan_buckets
+from asearch.engine.weight_group import Bucket, GroupAddress, parse_dtype, plan_buckets
 from asearch.models.lora import merged_state_dict
 from asearch.rl.trainer import PolicyTrainer, Trainer
 
@@ -102,8 +102,10 @@ class CollectiveWeights:
     ranks_per_server: int = 1  # a server's members of the group (its tensor-parallel size)
     backend: str | None = None  # the group's; None: the trainer's choice (nccl when the policy is on a GPU)
     last: dict[str, float] = field(default_factory=dict)
+    max_form_failures: int = 2  # then every version goes by disk, said once in the log
     _group: str | None = None
     _names: itertools.count = field(default_factory=itertools.count)
+    _form_failures: int = 0
 
     async def push(self, version: int) -> None:
         t0 = time.perf_counter()
@@ -114,8 +116,8 @@ class CollectiveWeights:
                 version,
             )
             await self.close()
-        elif self._group is None and all(m.up for m in self.engine.members):
-            await self._form_group()
+        elif self._group is None and all(m.up for m in self.engine.members) and self._form_failures < self.max_form_failures:
+            await self._try_form_group()
         if self._group is None:
             await self.disk.push(version)
             self.last = self.disk.metrics()
@@ -124,11 +126,7 @@ class CollectiveWeights:
         buckets = plan_buckets(
             shapes, bucket_bytes=int(self.bucket_mb * 2**20), dtype=parse_dtype(self.dtype)
         )
-        sent, received = await asyncio.gather(
-            asyncio.to_thread(self.trainer.broadcast_weights_or_leave, self.dtype),
-            self.engine.update_weights_from_distributed(buckets, version, self._group),
-            return_exceptions=True,  # both sides finish (a failed one closes its end) before anything else
-        )
+        sent, received = await self._send_and_receive(buckets, version, self._group)
         if isinstance(sent, BaseException) or isinstance(received, BaseException):
             error = received if isinstance(received, BaseException) else sent
             log.warning(
@@ -145,18 +143,56 @@ class CollectiveWeights:
             "weights/collective": 1.0,
         }
 
-    async def _form_group(self) -> None:
-        """The trainer hosts the rendezvous, then it and every server join at once (each blocks until all have)."""
+    async def _send_and_receive(self, buckets: list[Bucket], version: int, group: str) -> tuple[Any, Any]:
+        """The trainer's broadcast beside the servers' receive; when one side fails the other is aborted (else
+        it would wait for the failed side until `timeout_s`). Both results, exceptions included."""
+        send = asyncio.ensure_future(asyncio.to_thread(self.trainer.broadcast_weights_or_leave, self.dtype))
+        receive = asyncio.ensure_future(self.engine.update_weights_from_distributed(buckets, version, group))
+        done, _ = await asyncio.wait({send, receive}, return_when=asyncio.FIRST_EXCEPTION)
+        if send in done and send.exception() is not None and not receive.done():
+            await self.engine.abort_weight_group(group)
+        if receive in done and receive.exception() is not None and not send.done():
+            abort = getattr(self.trainer, "abort_weight_broadcast", None)  # a local trainer; remote ranks time out
+            if abort is not None:
+                abort()
+        return await asyncio.gather(send, receive, return_exceptions=True)
+
+    async def _try_form_group(self) -> None:
+        """`_form_group`; when it fails the version goes by disk, and after `max_form_failures` every version
+        does (an automatic backend falls back from nccl to gloo on the next try: NCCL refuses a GPU shared by two
+        members)."""
+        backend = self.backend or cast(str, await asyncio.to_thread(self.trainer.weight_backend))
+        if self.backend is None and self._form_failures and backend == "nccl":
+            backend = "gloo"
+        try:
+            await self._form_group(backend)
+        except Exception as e:  # noqa: BLE001 - the disk path still works; the log says why
+            self._form_failures += 1
+            final = self._form_failures >= self.max_form_failures
+            log.warning(
+                "weight group (%s) could not form (%s: %s): this version goes by disk%s", backend, type(e).__name__, e,
+                "; so will every later one (rollout_servers.weights: disk says so up front)" if final else "",
+            )  # fmt: skip
+            with contextlib.suppress(Exception):
+                await self.engine.destroy_weights_update_group(f"asearch-weights-{next(self._names) - 1}")
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.trainer.leave_weight_group)
+
+    async def _form_group(self, backend: str) -> None:
+        """The trainer hosts the rendezvous, then it and every server join at once (each blocks until all have);
+        a server that fails to join ends the wait at once (the trainer's end then times out in its thread)."""
         t0 = time.perf_counter()
         name = f"asearch-weights-{next(self._names)}"
         host, port = await asyncio.to_thread(self.trainer.open_weight_store, self.urls, self.timeout_s)
-        backend = self.backend or await asyncio.to_thread(self.trainer.weight_backend)
         world = 1 + self.ranks_per_server * len(self.engine.members)
-        address = GroupAddress(host, port, world, name, backend)
-        await asyncio.gather(
-            asyncio.to_thread(self.trainer.join_weight_group, address, self.timeout_s),
-            self.engine.init_weights_update_group(address, self.ranks_per_server),
-        )
+        address = GroupAddress(host, port, world, name, backend, self.timeout_s)
+        join = asyncio.ensure_future(asyncio.to_thread(self.trainer.join_weight_group, address, self.timeout_s))
+        servers = asyncio.ensure_future(self.engine.init_weights_update_group(address, self.ranks_per_server))
+        await asyncio.wait({join, servers}, return_when=asyncio.FIRST_EXCEPTION)
+        if servers.done() and servers.exception() is not None:
+            join.add_done_callback(lambda f: f.cancelled() or f.exception())  # its timeout, already reported
+            raise servers.exception()  # type: ignore[misc]
+        await asyncio.gather(join, servers)
         self._group = name
         log.info(
             "weight group %s: trainer + %d server ranks (%s at %s:%d) in %.2fs",

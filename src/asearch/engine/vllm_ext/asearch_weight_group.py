@@ -15,8 +15,10 @@ the update's metadata lists it (SGLang's `update_weights_from_distributed` does 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Sequence
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,6 +39,15 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+class WeightGroupError(RuntimeError):
+    """A broadcast that was aborted, or made no progress for the group's `op_timeout_s`."""
+
+
+# Groups left while a broadcast was pending: shutting one down would wait for that broadcast (up to the
+# process group's own timeout), so they are kept here until their pending work ends on its own.
+_ABANDONED: list[Any] = []
+
+
 @dataclass
 class WeightGroup:
     """This process's end of a weight-broadcast group."""
@@ -47,20 +58,59 @@ class WeightGroup:
     backend: str
     process_group: Any
     store: Any  # kept alive as long as the group: the group's members talk through it
+    op_timeout_s: float = 600.0  # the longest `wait` lets a broadcast go without any finishing
+    _aborted: threading.Event = field(default_factory=threading.Event, repr=False)
+    _pending: list[Any] = field(default_factory=list, repr=False)
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         """Rank 0 sends `tensor`; every other member receives into its `tensor` (same shape and dtype)."""
-        self.start_broadcast(tensor).wait()
+        self.wait([self.start_broadcast(tensor)])
 
     def start_broadcast(self, tensor: torch.Tensor) -> Any:
         """`broadcast` without waiting: returns the work to `wait()` on (keep `tensor` alive until then)."""
-        return self.process_group.broadcast(tensor, 0)
+        if self._aborted.is_set() or self.process_group is None:
+            raise WeightGroupError(f"weight group {self.name} was aborted")
+        work = self.process_group.broadcast(tensor, 0)
+        self._pending.append(work)
+        return work
+
+    def wait(self, works: Sequence[Any], on_done: Callable[[int], None] | None = None) -> None:
+        """Wait for `works` in order, calling `on_done(i)` as each finishes; raises WeightGroupError once the
+        group is aborted (`abort`, from another thread) or `op_timeout_s` pass without one finishing. A member
+        that died fails its peers' broadcasts at once, but a member that receives through it would otherwise
+        wait out the process group's timeout."""
+        last_progress = time.monotonic()
+        for i, work in enumerate(works):
+            while not work.is_completed():
+                if self._aborted.is_set():
+                    raise WeightGroupError(f"weight group {self.name} was aborted")
+                if time.monotonic() - last_progress > self.op_timeout_s:
+                    raise WeightGroupError(
+                        f"weight group {self.name}: no broadcast finished in {self.op_timeout_s:.0f}s"
+                    )
+                time.sleep(0.001)
+            work.wait()  # raises the broadcast's own error (a peer's connection reset)
+            last_progress = time.monotonic()
+            if on_done is not None:
+                on_done(i)
+        self._pending = [w for w in self._pending if not w.is_completed()]
+
+    def abort(self) -> None:
+        """Make every `wait` on this group, now or later, raise (thread-safe); `close` still has to follow."""
+        self._aborted.set()
 
     def close(self) -> None:
-        """Leave the group (the process group before its store: the other order aborts the process)."""
+        """Leave the group (the process group before its store: the other order aborts the process). With a
+        broadcast still pending the group is abandoned instead, as shutting it down would wait for it."""
         group, self.process_group = self.process_group, None
-        if group is not None and hasattr(group, "shutdown"):
+        self._aborted.set()
+        if group is None:
+            return
+        if any(not w.is_completed() for w in self._pending):
+            _ABANDONED.append((group, self.store, self._pending))
+        elif hasattr(group, "shutdown"):
             group.shutdown()
+        self._pending = []
         del group
         self.store = None
 
@@ -99,7 +149,7 @@ def open_group(
     # A first broadcast on every member: the group is formed for all of them when this returns.
     probe = torch.zeros(1, device="cuda" if backend == "nccl" else "cpu")
     group.broadcast(probe, 0).wait()
-    return WeightGroup(group_name, rank, world_size, backend, group, store)
+    return WeightGroup(group_name, rank, world_size, backend, group, store, op_timeout_s=timeout_s)
 
 
 def receive_tensors(
@@ -108,9 +158,11 @@ def receive_tensors(
     dtypes: Sequence[str],
     shapes: Sequence[Sequence[int]],
     device: Any,
+    on_tensor: Callable[[str, torch.Tensor], None] | None = None,
 ) -> list[tuple[str, torch.Tensor]]:
     """Receive one update's tensors (one broadcast each, in the order listed) into new tensors on `device` (on
-    the CPU for a gloo group: the loader moves them)."""
+    the CPU for a gloo group: the loader moves them). `on_tensor(name, tensor)` runs on each as soon as it has
+    arrived, while the later ones are still on the wire."""
     if not len(names) == len(dtypes) == len(shapes):
         raise ValueError(f"{len(names)} names, {len(dtypes)} dtypes and {len(shapes)} shapes differ")
     device = "cpu" if group.backend == "gloo" else device
@@ -119,6 +171,5 @@ def receive_tensors(
         tensor = torch.empty(tuple(int(s) for s in shape), dtype=parse_dtype(dtype), device=device)
         works.append(group.start_broadcast(tensor))  # all posted at once: no round trip between tensors
         out.append((name, tensor))
-    for work in works:
-        work.wait()
+    group.wait(works, None if on_tensor is None else lambda i: on_tensor(*out[i]))
     return out
