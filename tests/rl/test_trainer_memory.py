@@ -45,15 +45,21 @@ def _weights(samples) -> torch.Tensor:
     return out
 
 
-def test_chunked_head_equals_the_full_log_softmax():
+@pytest.mark.parametrize("keep_bytes", [0, 10 * 50 * 4], ids=["recomputed", "kept"])
+def test_chunked_head_equals_the_full_log_softmax(keep_bytes):
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(10, 16, generator=g, requires_grad=True)
     weight = torch.randn(50, 16, generator=g, requires_grad=True)
     targets = torch.randint(0, 50, (10,), generator=g)
     upstream = torch.randn(10, generator=g)
-    got = chunked_target_logprobs(hidden, weight, targets, 0.7, chunk=3)
-    (got * upstream).sum().backward()
+    got = chunked_target_logprobs(hidden, weight, targets, 0.7, chunk=3, keep_bytes=keep_bytes)
+    assert (got.grad_fn.kept is not None) == bool(keep_bytes)  # 10 x 50 float32 softmax: 2,000 bytes
+    (got * upstream).sum().backward(retain_graph=True)
     grads = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    (got * upstream).sum().backward()  # a second backward (the kept softmax was used up): recomputed, the same
+    torch.testing.assert_close(hidden.grad, grads[0])
+    torch.testing.assert_close(weight.grad, grads[1])
     hidden.grad = weight.grad = None
     want = torch.log_softmax(hidden @ weight.T / 0.7, -1).gather(-1, targets[:, None]).squeeze(-1)
     (want * upstream).sum().backward()
@@ -168,20 +174,28 @@ from transformers import AutoModelForCausalLM
 from asearch.rl.distributed import DistributedPolicyTrainer, init_distributed
 from asearch.rl.trainer import OptimConfig, Sample, TrainerConfig
 torch.set_num_threads(1)
+causal, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+def spy(*args, **kwargs):  # is_causal=True with packing: the per-sample attention ran
+    causal.append(kwargs.get("is_causal", False))
+    return sdpa(*args, **kwargs)
+torch.nn.functional.scaled_dot_product_attention = spy
 model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
 samples = torch.load(sys.argv[2], weights_only=False)
-cfg = TrainerConfig(token_budget=64, optim=OptimConfig(lr=1e-12), activation_checkpointing=True, logprob_chunk=7)
+cfg = TrainerConfig(token_budget=64, optim=OptimConfig(lr=1e-12), activation_checkpointing=True, logprob_chunk=7,
+                    attention=sys.argv[4])
 trainer = DistributedPolicyTrainer(model, cfg, env=init_distributed("gloo"))
 trainer.train_step(samples, policy_version=0)
 grads = {n: p.grad.full_tensor() for n, p in trainer.model.named_parameters() if p.grad is not None}
-torch.save({"grads": grads, "checkpointing": trainer.model.is_activation_checkpointing}, sys.argv[3])
+torch.save({"grads": grads, "checkpointing": trainer.model.is_activation_checkpointing, "causal": sum(causal)}, sys.argv[3])
 torch.distributed.destroy_process_group()
 """
 
 
-def test_fsdp_rank_with_checkpointing_and_the_chunked_head_equals_one_process(model_and_samples, tiny_policy, tmp_path):
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_fsdp_rank_with_checkpointing_and_the_chunked_head_equals_one_process(model_and_samples, tiny_policy, tmp_path, attention):
     """FSDP over one gloo process (its root gathers the head inside the swapped-in chunked head), checkpointed
-    layers and packed rows: the padded, unsharded step's gradients."""
+    layers and packed rows (under sdpa: one causal block per sample, asearch.models.packed_attention): the padded,
+    unsharded step's gradients."""
     import os
     import subprocess
     import sys
@@ -193,11 +207,12 @@ def test_fsdp_rank_with_checkpointing_and_the_chunked_head_equals_one_process(mo
     torch.save(samples, tmp_path / "samples.pt")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    args = [str(tmp_path / "model"), str(tmp_path / "samples.pt"), str(tmp_path / "out.pt")]
+    args = [str(tmp_path / "model"), str(tmp_path / "samples.pt"), str(tmp_path / "out.pt"), attention]
     proc = subprocess.run([sys.executable, "-c", _FSDP_ONE_RANK, *args], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = torch.load(tmp_path / "out.pt", weights_only=False)
     assert got["checkpointing"]
+    assert got["causal"] == (2 * len(samples) * model.config.num_hidden_layers if attention == "sdpa" else 0)  # + recomputed
     m = copy.deepcopy(model)
     PolicyTrainer(m, TrainerConfig(token_budget=64, optim=OptimConfig(lr=1e-12), packing=False)).train_step(samples, policy_version=0)
     for n, p in m.named_parameters():

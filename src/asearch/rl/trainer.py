@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
 import torch
 from pydantic import Field, model_validator
@@ -51,6 +51,7 @@ from asearch.models.lora import (
     load_adapter_state_dict,
     merged_state_dict,
 )
+from asearch.models.packed_attention import use_packed_attention
 from asearch.rl.advantages import AdvantageConfig, group_advantages
 from asearch.rl.broadcast import BroadcastsWeights
 from asearch.rl.loss import LossConfig, corrected_weights, decoupled_ppo_loss, episode_weights
@@ -77,6 +78,11 @@ class TrainerConfig(TrainingPlacement):
     logprob_chunk: int = Field(
         4096, ge=1, description="Tokens per chunk of the LM head: logits of this many positions at a time (never "
         "the whole micro-batch's), float32 log-sum-exp, recomputed in backward.",
+    )
+    logprob_keep_mib: int = Field(
+        2048, ge=0, description="The LM head keeps a micro-batch's softmax (loss tokens x vocabulary in the compute "
+        "dtype) from forward to backward when it takes at most this many MiB, instead of recomputing the logits: "
+        "3 head matmuls instead of 4. 0: always recompute.",
     )
     param_dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Storage of the model's weights. bfloat16: the weights (and a KL reference) in "
@@ -225,6 +231,7 @@ class _Layout:
     ids: torch.Tensor  # (rows, width)
     attention_mask: torch.Tensor | None  # padded rows: 1 on tokens
     position_ids: torch.Tensor | None  # packed rows: restarting at every sample (block-diagonal attention)
+    row_lengths: list[list[int]]  # per row, the lengths of the samples laid end to end from its start
     source: torch.Tensor  # (n,) flat index into (rows * width) of the hidden state predicting each target
     targets: torch.Tensor  # (n,) the predicted tokens
     out_index: tuple[torch.Tensor, torch.Tensor]  # (n,) sample and position of each log-prob in the output
@@ -239,6 +246,7 @@ def _layout(samples: Sequence[Sample], *, packing: bool, generated_only: bool) -
     attn = torch.zeros(len(rows), width, dtype=torch.long)
     pos = torch.zeros(len(rows), width, dtype=torch.long)
     source: list[int] = []
+    row_lengths: list[list[int]] = [[lengths[k] for k in members] for members in rows]
     out_rows: list[int] = []
     out_cols: list[int] = []
     for r, members in enumerate(rows):
@@ -256,7 +264,7 @@ def _layout(samples: Sequence[Sample], *, packing: bool, generated_only: bool) -
         pos[r, start:] = torch.arange(width - start)  # the padding: a sequence of its own
     source_t = torch.tensor(source, dtype=torch.long)
     return _Layout(
-        ids, None if packing else attn, pos if packing else None, source_t, ids.flatten()[source_t + 1],
+        ids, None if packing else attn, pos if packing else None, row_lengths, source_t, ids.flatten()[source_t + 1],
         (torch.tensor(out_rows, dtype=torch.long), torch.tensor(out_cols, dtype=torch.long)), (len(samples), width),
     )  # fmt: skip
 
@@ -268,14 +276,15 @@ _PLAIN_HEAD_MODELS = frozenset({"qwen2", "qwen3", "llama", "mistral"})
 
 def sequence_logprobs(
     model: Any, samples: Sequence[Sample], temperature: float, *, generated_only: bool = False, packing: bool = False,
-    chunk: int = 4096,
+    chunk: int = 4096, keep_bytes: int = 0,
 ) -> torch.Tensor:  # fmt: skip
     """log pi(token_t | tokens_<t) under the sampling temperature, shape (samples, longest); 0 at position 0.
 
     `generated_only`: only where the loss mask is 1 (0 elsewhere). `packing`: the samples run concatenated in
     rows with positions restarting at each (`pack_rows`), not one padded row each; same values up to float
     rounding. The LM head runs inside the model's own forward (so a sharded model's root gathers it) on the
-    wanted positions alone, `chunk` of them at a time (`chunked_target_logprobs`); a model whose logits are
+    wanted positions alone, `chunk` of them at a time, its softmax kept for backward if it takes at most
+    `keep_bytes` (`chunked_target_logprobs`); a model whose logits are
     more than the head's output (not in _PLAIN_HEAD_MODELS) computes full logits instead.
     """
     device = next(model.parameters()).device
@@ -286,9 +295,11 @@ def sequence_logprobs(
         inputs["attention_mask"] = lay.attention_mask.to(device)
     if lay.position_ids is not None:
         inputs["position_ids"] = lay.position_ids.to(device)
+        if use_packed_attention(model):  # each sample its own causal block, not the row's dense mask
+            inputs["packed_lengths"] = lay.row_lengths
     head = model.get_output_embeddings()
     if getattr(model.config, "model_type", None) in _PLAIN_HEAD_MODELS and getattr(head, "bias", None) is None:
-        with _head_replaced(model, _LogprobHead(head, source, targets, temperature, chunk)):
+        with _head_replaced(model, _LogprobHead(head, source, targets, temperature, chunk, keep_bytes)):
             lp = model(**inputs).logits
     else:
         logits = model(**inputs).logits
@@ -303,14 +314,20 @@ def sequence_logprobs(
 class _LogprobHead(torch.nn.Module):
     """Stands in for a causal LM's head during one forward: returns the log-probs of `targets` at `source`."""
 
-    def __init__(self, head: torch.nn.Module, source: torch.Tensor, targets: torch.Tensor, temperature: float, chunk: int):
+    def __init__(
+        self, head: torch.nn.Module, source: torch.Tensor, targets: torch.Tensor, temperature: float, chunk: int,
+        keep_bytes: int = 0,
+    ):  # fmt: skip
         super().__init__()
         self.head = head  # a submodule, so that hooks walking the model still find it
         self.source, self.targets, self.temperature, self.chunk = source, targets, temperature, chunk
+        self.keep_bytes = keep_bytes
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         selected = hidden.flatten(0, 1).index_select(0, self.source)
-        return chunked_target_logprobs(selected, self.head.weight, self.targets, self.temperature, self.chunk)
+        return chunked_target_logprobs(
+            selected, cast(torch.Tensor, self.head.weight), self.targets, self.temperature, self.chunk, keep_bytes=self.keep_bytes
+        )
 
 
 @contextlib.contextmanager
@@ -328,13 +345,17 @@ def _head_replaced(model: Any, replacement: _LogprobHead):
 
 
 def chunked_target_logprobs(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float, chunk: int
-) -> torch.Tensor:
-    """log softmax(hidden @ weight.T / temperature)[targets] per row, float32, shape (n,); no (n x vocab)
-    tensor ever lives: logits a chunk of rows at a time (in the autocast dtype if one is on), float32
-    log-sum-exp, recomputed chunk by chunk in backward."""
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float, chunk: int,
+    *, keep_bytes: int = 0,
+) -> torch.Tensor:  # fmt: skip
+    """log softmax(hidden @ weight.T / temperature)[targets] per row, float32, shape (n,): logits a chunk of
+    rows at a time (in the autocast dtype if one is on), float32 log-sum-exp. Backward recomputes them chunk by
+    chunk, so no (n x vocab) tensor ever lives, unless the softmax (n x vocab in that dtype) takes at most
+    `keep_bytes`: then it is kept from forward, saving backward one matmul."""
     dtype = torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled(hidden.device.type) else weight.dtype
-    return _ChunkedTargetLogprobs.apply(hidden, weight, targets, temperature if temperature > 0 else 1.0, chunk, dtype)
+    keep = hidden.shape[0] * weight.shape[0] * dtype.itemsize <= keep_bytes
+    t = temperature if temperature > 0 else 1.0
+    return _ChunkedTargetLogprobs.apply(hidden, weight, targets, t, chunk, dtype, keep)
 
 
 def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype, temperature: float) -> torch.Tensor:
@@ -345,39 +366,49 @@ def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype
 
 class _ChunkedTargetLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, chunk, dtype):  # noqa: ANN001, ANN205
+    def forward(ctx, hidden, weight, targets, temperature, chunk, dtype, keep):  # noqa: ANN001, ANN205
         out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
         lse = torch.empty_like(out)
+        keep = keep and any(ctx.needs_input_grad[:2])
+        kept: list[torch.Tensor | None] = []  # per chunk, its softmax in `dtype` (keep) for backward
         with torch.autocast(hidden.device.type, enabled=False):
             for a in range(0, hidden.shape[0], chunk):
                 z = _chunk_logits(hidden[a : a + chunk], weight, dtype, temperature)
                 picked = z.gather(-1, targets[a : a + chunk, None]).squeeze(-1)
                 top = z.amax(-1)
-                lse[a : a + chunk] = top + z.sub_(top[:, None]).exp_().sum(-1).log()  # in place: one chunk tensor
+                total = z.sub_(top[:, None]).exp_().sum(-1)  # in place: one chunk tensor
+                lse[a : a + chunk] = top + total.log()
                 out[a : a + chunk] = picked - lse[a : a + chunk]
+                if keep:
+                    kept.append(z.div_(total[:, None]).to(dtype))
         ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.temperature, ctx.chunk, ctx.dtype = temperature, chunk, dtype
+        ctx.temperature, ctx.chunk, ctx.dtype, ctx.kept = temperature, chunk, dtype, kept or None
         return out
 
     @staticmethod
     def backward(ctx, grad_out):  # noqa: ANN001, ANN205
         hidden, weight, targets, lse = ctx.saved_tensors
         t, dtype = ctx.temperature, ctx.dtype
+        kept, ctx.kept = ctx.kept, None  # changed in place below: a second backward recomputes
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
         w = weight.to(dtype)
         with torch.autocast(hidden.device.type, enabled=False):
-            for a in range(0, hidden.shape[0], ctx.chunk):
+            for i, a in enumerate(range(0, hidden.shape[0], ctx.chunk)):
                 h = hidden[a : a + ctx.chunk].to(dtype)
                 g = grad_out[a : a + ctx.chunk, None].float() / t
                 # d out / d z = onehot(target) - softmax(z), z = logits / t
-                z = _chunk_logits(h, w, dtype, t).sub_(lse[a : a + ctx.chunk, None]).exp_().mul_(-g)
-                dz = z.scatter_add_(-1, targets[a : a + ctx.chunk, None], g).to(dtype)
+                if kept is not None:
+                    dz = kept[i].mul_(-g.to(dtype)).scatter_add_(-1, targets[a : a + ctx.chunk, None], g.to(dtype))
+                    kept[i] = None
+                else:
+                    z = _chunk_logits(h, w, dtype, t).sub_(lse[a : a + ctx.chunk, None]).exp_().mul_(-g)
+                    dz = z.scatter_add_(-1, targets[a : a + ctx.chunk, None], g).to(dtype)
                 if grad_hidden is not None:
                     grad_hidden[a : a + ctx.chunk] = dz @ w
                 if grad_weight is not None:
                     grad_weight += (dz.T @ h).float()
-        return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None, None
+        return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None, None, None
 
 
 def _is_sharded(model: Any) -> bool:
@@ -653,7 +684,8 @@ class PolicyTrainer(BroadcastsWeights):
         """log-probs of the generated tokens of `rows`, (rows, longest), as the config lays them out."""
         cfg = self.cfg
         return sequence_logprobs(
-            model, rows, self.temperature, generated_only=True, packing=cfg.packing, chunk=cfg.logprob_chunk
+            model, rows, self.temperature, generated_only=True, packing=cfg.packing, chunk=cfg.logprob_chunk,
+            keep_bytes=cfg.logprob_keep_mib * 2**20,
         )
 
     def _speed(self, samples: Sequence[Sample], seconds: float) -> dict[str, float]:
