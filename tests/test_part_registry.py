@@ -78,3 +78,26 @@ def test_entries_added_in_a_temporary_block_are_gone_after_it(plugins: Registry)
         plugins.add("gamma", Gamma, origin=Gamma)
         assert plugins.names() == ["alpha", "gamma"]
     assert plugins.names() == ["alpha"]
+
+
+def test_config_fields_take_registered_names_and_name_the_nearest() -> None:
+    """Every config field that picks a part is a str checked against its registry (not a Literal)."""
+    from pydantic import ValidationError
+
+    from asearch.agent.loop import AgentConfig
+    from asearch.rl.advantages import AdvantageConfig
+    from asearch.rl.loss import LossConfig
+    from asearch.synth.config import SynthConfig
+    from asearch.tools.build import ToolSourceConfig
+    from asearch.web.sources import WebConfig
+
+    for make, near in [
+        (lambda: ToolSourceConfig(method="bm2"), "search method 'bm2'; did you mean 'bm25'"),
+        (lambda: AdvantageConfig(estimator="rlo"), "advantage estimator 'rlo'; did you mean 'rloo'"),
+        (lambda: LossConfig(correction="tiss"), "loss correction 'tiss'; did you mean 'tis'"),
+        (lambda: WebConfig(reader="jian"), "web reader 'jian'; did you mean 'jina'"),
+        (lambda: SynthConfig(backend="grap"), "synth backend 'grap'; did you mean 'graph'"),
+        (lambda: AgentConfig(style="guidd"), "agent style 'guidd'; did you mean 'guided'"),
+    ]:
+        with pytest.raises((ValidationError, ConfigError), match=near):
+            make()

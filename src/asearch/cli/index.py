@@ -6,7 +6,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -135,7 +135,7 @@ def search(
     query: Annotated[str, typer.Argument(help="Query text.")],
     topk: Annotated[int, typer.Option("--topk", "-k", min=1, help="Hits to show.")] = 5,
     method: Annotated[
-        Literal["bm25", "dense", "hybrid"], typer.Option("--method", help="Retriever.")
+        str, typer.Option("--method", help="Search method: bm25 | dense | hybrid (or a registered one).")
     ] = "bm25",
 ) -> None:
     """Run one query and print the ranked passages (a quick look, not an API)."""

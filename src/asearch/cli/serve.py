@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 import typer
 from rich.markup import escape
@@ -22,7 +22,7 @@ def serve(
         str | None, typer.Option(help="Bind address (default 127.0.0.1); non-loopback exposes the corpus.")
     ] = None,
     port: Annotated[int | None, typer.Option(help="TCP port (default 8000).")] = None,
-    method: Annotated[Literal["bm25", "dense", "hybrid"], typer.Option(help="Retrieval method.")] = "bm25",
+    method: Annotated[str, typer.Option(help="Search method: bm25 | dense | hybrid (or a registered one).")] = "bm25",
     config: ConfigOption = None,
     overrides: Annotated[list[str] | None, overrides_argument("max_batch=128 default_topk=5")] = None,
 ) -> None:

@@ -1,12 +1,18 @@
-"""The retrieval seam: a `Retriever` maps queries to ranked passages, a `PageStore` maps urls to pages."""
+"""The retrieval seam: a `Retriever` maps queries to ranked passages, a `PageStore` maps urls to pages.
+
+Search methods (`tools.method`, `asearch serve --method`) are registered by name: a method is a function
+`(index: Index) -> Retriever` under `@register_search_method("name")` in a module of `asearch.retrieval`
+(bm25, dense and hybrid in index.py), found on the first lookup.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from asearch.corpus.types import Page, Passage
+from asearch.registry import Registry
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,3 +39,19 @@ class PageStore(Protocol):
     def get(self, url: str) -> Page | None: ...
 
     def __len__(self) -> int: ...
+
+
+OpenRetriever = Callable[[Any], Retriever]  # (an opened Index) -> its retriever of this method
+SEARCH_METHODS: Registry[OpenRetriever] = Registry(
+    "search method", "asearch.retrieval", wants=lambda source: "@register_search_method(" in source
+)
+
+
+def register_search_method(name: str) -> Callable[[OpenRetriever], OpenRetriever]:
+    """Make the decorated `(index) -> Retriever` the search method `method=<name>` opens (once per index)."""
+
+    def add(open_retriever: OpenRetriever) -> OpenRetriever:
+        SEARCH_METHODS.add(name, open_retriever, origin=open_retriever)
+        return open_retriever
+
+    return add

@@ -26,7 +26,7 @@ from array import array
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from pydantic import Field, ValidationError
@@ -36,7 +36,7 @@ from asearch.corpus.chunking import ChunkConfig, ChunkStats, iter_passages
 from asearch.corpus.types import CorpusSource, Passage
 from asearch.errors import DataFormatError, IndexError_
 from asearch.files import atomic_write_json, read_utf8_text
-from asearch.retrieval.base import Retriever
+from asearch.retrieval.base import SEARCH_METHODS, Retriever, register_search_method
 from asearch.retrieval.bm25 import BM25Config, BM25Retriever, BM25Writer
 from asearch.retrieval.dense import DenseConfig
 from asearch.retrieval.hybrid import HybridConfig, HybridRetriever
@@ -45,7 +45,7 @@ from asearch.retrieval.store import PageStoreFile, PassageStore, RecordWriter, k
 FORMAT = "asearch-index"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-Method = Literal["bm25", "dense", "hybrid"]
+Method = str  # a registered search method: bm25, dense, hybrid, ... (asearch.retrieval.base.SEARCH_METHODS)
 
 
 class IndexConfig(Config):
@@ -383,29 +383,19 @@ class Index:
         return self._passages[int(key)]
 
     def retriever(self, method: Method = "bm25") -> Retriever:
-        """The retriever for `method`; loaded on first use (dense loads its model) and cached."""
-        if method not in ("bm25", "dense", "hybrid"):
-            raise ValueError(f"method must be 'bm25', 'dense' or 'hybrid', got {method!r}")
+        """The retriever of search method `method` (a ConfigError names the nearest registered one); opened
+        on first use (dense loads its model) and cached."""
+        SEARCH_METHODS.get(method)
         with self._lock:
-            return self._get(method)
+            return self.opened(method)
 
-    def _get(self, method: str) -> Any:
+    def opened(self, method: str) -> Any:
+        """The retriever of `method`, opened now unless it already is (callers hold the index's lock: a
+        method built over others, as hybrid, opens them through this)."""
         if method in self._retrievers:
             return self._retrievers[method]
         t0 = time.perf_counter()
-        if method == "bm25":
-            r: Any = BM25Retriever(self.path / "bm25", self.config.bm25, self._passages)
-        elif method == "dense":
-            if not self.has_dense or self.config.dense is None:
-                raise IndexError_(
-                    f"{self.path} has no dense index; rebuild with one: "
-                    f"{rebuild_command(self.manifest['corpus']['name'], self.path, self.config)} --dense"
-                )
-            from asearch.retrieval.dense import DenseRetriever
-
-            r = DenseRetriever(self.path / "dense", self.config.dense, self._passages, self.manifest["dense"])
-        else:
-            r = HybridRetriever(self._get("bm25"), self._get("dense"), self._passages, self.config.hybrid)
+        r = SEARCH_METHODS.get(method)(self)
         self.load_seconds[method] = time.perf_counter() - t0
         self._retrievers[method] = r
         return r
@@ -451,6 +441,31 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise _refuse(p, f"{MANIFEST} is not an asearch index manifest")
     return manifest
+
+
+@register_search_method("bm25")
+def open_bm25(index: Index) -> Retriever:
+    """BM25 over the index's tantivy directory."""
+    return BM25Retriever(index.path / "bm25", index.config.bm25, index.passages)
+
+
+@register_search_method("dense")
+def open_dense(index: Index) -> Retriever:
+    """The faiss index of passage vectors (an index built with --dense)."""
+    if not index.has_dense or index.config.dense is None:
+        raise IndexError_(
+            f"{index.path} has no dense index; rebuild with one: "
+            f"{rebuild_command(index.manifest['corpus']['name'], index.path, index.config)} --dense"
+        )
+    from asearch.retrieval.dense import DenseRetriever
+
+    return DenseRetriever(index.path / "dense", index.config.dense, index.passages, index.manifest["dense"])
+
+
+@register_search_method("hybrid")
+def open_hybrid(index: Index) -> Retriever:
+    """Reciprocal-rank fusion of bm25 and dense (`hybrid:` settings)."""
+    return HybridRetriever(index.opened("bm25"), index.opened("dense"), index.passages, index.config.hybrid)
 
 
 def open_index(

@@ -516,7 +516,7 @@ def summarize_manifest(manifest: dict[str, Any], *, max_entries: int = 16) -> di
 def app_from_index(
     index_dir: str | Path,
     *,
-    method: Literal["bm25", "dense", "hybrid"] = "bm25",
+    method: str = "bm25",
     cfg: ServerConfig | None = None,
 ) -> tuple[FastAPI, dict[str, Any]]:
     """Open the index at `index_dir` and build the app over its `method` retriever and its pages.

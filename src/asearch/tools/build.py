@@ -17,12 +17,13 @@ import json
 import re
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import Field, create_model, model_validator
 
 from asearch.config import Config
 from asearch.files import cache_dir
+from asearch.retrieval.base import SEARCH_METHODS
 from asearch.retrieval.index import IndexConfig
 from asearch.tools.base import Tool, ToolSources
 from asearch.tools.faults import FaultConfig, fault_metrics, inject_faults
@@ -49,8 +50,8 @@ class ToolSourceConfig(Config):
     )
     index: Path | None = Field(None, description="A prebuilt index directory (asearch index build).")
     server_url: str | None = Field(None, description="A retrieval server (asearch serve) to query over HTTP.")
-    method: Literal["bm25", "dense", "hybrid"] = Field(
-        "bm25", description="Retrieval method for local indexes."
+    method: SEARCH_METHODS.name_type() = Field(
+        "bm25", description="Search method for local indexes: bm25, dense, hybrid or any registered one."
     )
     build: IndexConfig = Field(
         default_factory=IndexConfig, description="Settings when the index must be built."
