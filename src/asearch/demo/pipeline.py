@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -25,6 +26,7 @@ from asearch.config import Config
 from asearch.demo.worlds import (
     ExpertJob,
     ExpertMistakes,
+    Mapper,
     WorldJob,
     expert_engine,
     expert_episodes,
@@ -34,7 +36,7 @@ from asearch.demo.worlds import (
 )
 from asearch.engine.registry import EngineConfig
 from asearch.errors import ConfigError
-from asearch.eval.datasets import load_dataset
+from asearch.eval.datasets import QARecord, load_dataset
 from asearch.eval.horizon import episode_row, horizon_summary, read_episode_rows, write_episode_rows
 from asearch.eval.runner import EpisodeScores, evaluate_workflow
 from asearch.files import atomic_write_json, write_jsonl
@@ -43,12 +45,13 @@ from asearch.metrics.reward import RewardConfig
 from asearch.rl.controller import ControllerConfig
 from asearch.rl.loss import LossConfig
 from asearch.rl.sft import SFTConfig, sft
-from asearch.rl.trainer import OptimConfig, TrainerConfig
+from asearch.rl.trainer import OptimConfig, Sample, TrainerConfig
 from asearch.runs import RunDir
-from asearch.tools import ToolsConfig, build_tools
+from asearch.tools import ToolsConfig, open_tools
 
 # The demo agent: the expert's prompt format, no system prompt (the tiny model learns the protocol from SFT).
 DEMO_STYLE = WORLD_STYLE
+Log = Callable[[str], None]
 
 
 def _demo_rl() -> TrainConfig:
@@ -279,7 +282,7 @@ def _episode_texts(corpus, records, cfg: DemoConfig, layout: _Layout) -> list[st
     from asearch.models.tiny import train_bpe_tokenizer
 
     byte_tokenizer = train_bpe_tokenizer([], vocab_size=300)
-    tools = build_tools(_tools_over(cfg, corpus.seed), progress=False)
+    tools = _tools_over(cfg, corpus.seed)
     return _expert_texts(byte_tokenizer, records, tools, _byte_budgets(layout.agent), cfg) + [page.contents for page in corpus.pages()]
 
 
@@ -301,20 +304,16 @@ def _page_texts(corpus, topk: int) -> Any:
         yield "\n".join(f"[Doc {j + 1}] {doc.text}" for j, doc in enumerate(docs[k : k + topk]))
 
 
-def _expert_texts(tokenizer, records, built_tools, agent_cfg, cfg) -> list[str]:
+def _expert_texts(tokenizer, records, tools_cfg: ToolsConfig, agent_cfg, cfg) -> list[str]:
     """The texts of expert episodes on `records` through the real loop and tools (with `tokenizer`)."""
-    tools, closers = built_tools
     engine = expert_engine(tokenizer, records, _mistakes(cfg), cfg.seed)
-    workflow = SearchAgentWorkflow(tokenizer, tools, agent_cfg, cfg.rl.reward)
 
     async def go():
-        return await asyncio.gather(*(workflow.arun_episode(engine, r) for r in records))
+        async with open_tools(tools_cfg, progress=False) as tools:
+            workflow = SearchAgentWorkflow(tokenizer, tools, agent_cfg, cfg.rl.reward)
+            return await asyncio.gather(*(workflow.arun_episode(engine, r) for r in records))
 
-    try:
-        trajs = asyncio.run(go())
-    finally:
-        for close in closers:
-            close()
+    trajs = asyncio.run(go())
     return [tokenizer.decode([t for seg in traj.segments for t in seg.token_ids]) for traj in trajs if traj is not None]
 
 
@@ -391,12 +390,11 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
         log(f"resuming {run.path}: the supervised start in {model_dir} is kept (SFT took {start['sft_seconds']:.0f}s)")
     model, tokenizer = _load_tiny(model_dir, cfg.attention)
     heldout_records = load_dataset(str(data_dir / "heldout.jsonl"))
-    heldout_tools, _ = build_tools(layout.heldout_tools, progress=False)
 
     # ---- 4. held-out accuracy before RL (its episodes' rows first: sft.json marks the step done)
     if "heldout_acc_before" not in start:
         log(f"[4/6] held-out accuracy before RL (greedy, {len(heldout_records)} questions)")
-        episodes = _heldout(model, tokenizer, heldout_tools, heldout_records, cfg)
+        episodes = _heldout(model, tokenizer, layout.heldout_tools, heldout_records, cfg)
         write_episode_rows(run.path / "heldout_before.jsonl", _episode_rows(episodes, heldout_records))
         start["heldout_acc_before"] = episodes.mean_score
         atomic_write_json(model_dir / "sft.json", start)
@@ -411,7 +409,7 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
 
     # ---- 6. held-out accuracy after RL, summary, plot, report
     torch.set_num_threads(cfg.setup_threads)
-    episodes = _heldout(model, tokenizer, heldout_tools, heldout_records, cfg)
+    episodes = _heldout(model, tokenizer, layout.heldout_tools, heldout_records, cfg)
     rows_after = _episode_rows(episodes, heldout_records)
     write_episode_rows(run.path / "heldout_after.jsonl", rows_after)
     after = episodes.mean_score
@@ -445,104 +443,179 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
     return summary
 
 
-def _supervised_start(cfg: DemoConfig, layout: _Layout, run: RunDir, log) -> dict[str, Any]:
+def _supervised_start(cfg: DemoConfig, layout: _Layout, run: RunDir, log: Log) -> dict[str, Any]:
     """Phases 1-3 into RUN/data and RUN/model-sft (model, tokenizer, and sft.json, written last).
     The world and expert work runs in `setup_threads` worker processes: worlds are independent."""
-    from asearch.models.tiny import build_tiny_model, save_tiny, train_bpe_tokenizer, train_word_tokenizer
+    from asearch.models.tiny import save_tiny
 
     t_start = time.perf_counter()
-    world = lambda seed, n: _world(cfg, seed, n)  # noqa: E731
-    heldout_name = layout.heldout_tools.corpus
-    log(f"[1/6] worlds: {cfg.train_worlds} for training ({layout.train_tools[0].corpus}, ...), held-out {heldout_name}")
-    job = lambda seed, entities, n, dataset, tools, name_answers=cfg.name_answers: WorldJob(  # noqa: E731
-        seed, entities, n, cfg.hops, dataset, cfg.names, cfg.pages, name_answers, tools, cfg.phrasing
-    )
-    jobs = [job(seed, cfg.world_entities, cfg.train_questions + cfg.rl_questions, "world-train", tc) for seed, tc in zip(layout.train_seeds, layout.train_tools, strict=True)]
-    jobs.append(job(layout.heldout_seed, cfg.heldout_entities, cfg.heldout_questions, "world-heldout", layout.heldout_tools))
-    # long pages: the tokenizer learns from expert episodes on its worlds, so those need their indexes
-    tokenizer_tools = lambda seed: _tools_over(cfg, seed) if cfg.pages == "long" else None  # noqa: E731
-    fits_bpe = cfg.tokenizer == "bpe" and cfg.model is None
-    jobs += [job(seed, cfg.world_entities, 300, "world-tokenizer", tokenizer_tools(seed), False) for seed in layout.tokenizer_seeds] if fits_bpe else []
     with worker_pool(cfg.setup_threads) as pmap:
-        prepared = pmap(prepare_world, jobs)
-        n_train = len(layout.train_seeds)
-        per_world, rl_records = [], []
-        for recs in prepared[:n_train]:
-            sft_part, rl_part = _split_per_hop(recs, cfg.rl_questions // len(cfg.hops))
-            per_world.append(sft_part)
-            rl_records += rl_part
-        train_records = [r for recs in per_world for r in recs]
-        heldout_records = prepared[n_train]
-        data_dir = run.path / "data"
-        write_jsonl(data_dir / "train.jsonl", (r.to_jsonl_dict() for r in train_records))
-        write_jsonl(data_dir / "rl.jsonl", (r.to_jsonl_dict() for r in rl_records))
-        write_jsonl(data_dir / "heldout.jsonl", (r.to_jsonl_dict() for r in heldout_records))
-        write_jsonl(data_dir / "heldout_small.jsonl", (r.to_jsonl_dict() for r in heldout_records[:: max(1, len(heldout_records) // cfg.heldout_during_rl)][: cfg.heldout_during_rl]))
-        log(f"      {len(train_records)} expert (SFT), {len(rl_records)} RL and {len(heldout_records)} held-out questions (hops {cfg.hops}), indexes built")
-
-        # ---- 2. tokenizer and model: the tiny one built here, or a pretrained one loaded
-        # The tokenizer learns from other worlds, to which training and held-out names are equally foreign
-        # (fit on the training world, copying learned on its names would not carry over; docs/demo.md).
-        if cfg.model is not None:
-            from asearch.models.loading import load_model, load_tokenizer
-
-            tokenizer, model = load_tokenizer(cfg.model), load_model(cfg.model)
-        elif cfg.tokenizer == "word":  # the training worlds' own words (the shared name pool, the page keys) and
-            # the loop's exact texts: expert episodes through it with a byte tokenizer (no merges: nothing to fit)
-            byte_tok = train_bpe_tokenizer([], vocab_size=300)
-            texts = _expert_texts(byte_tok, per_world[0][:300], build_tools(layout.train_tools[0], progress=False), _byte_budgets(layout.agent), cfg)
-            tokenizer = train_word_tokenizer(
-                itertools.chain(
-                    texts,
-                    itertools.chain.from_iterable(_page_texts(world(seed, cfg.world_entities), cfg.rl.tools.search.topk) for seed in layout.train_seeds),
-                )
-            )
-        else:
-            texts_of = _episode_texts if cfg.pages == "long" else _tokenizer_texts
-            tokenizer = train_bpe_tokenizer(
-                itertools.chain.from_iterable(
-                    texts_of(world(seed, cfg.world_entities), recs, cfg, layout)
-                    for seed, recs in zip(layout.tokenizer_seeds, prepared[n_train + 1 :], strict=True)
-                ),
-                vocab_size=cfg.vocab_size,
-                whole_numbers=cfg.whole_numbers,
-            )
-        if cfg.model is None:
-            model = build_tiny_model(tokenizer, hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads, max_positions=cfg.max_positions, seed=cfg.seed)
-        model.set_attn_implementation(cfg.attention)
-        unknown = _unknown_words(tokenizer, world(layout.heldout_seed, cfg.heldout_entities))
-        which = f"{cfg.model}: its tokenizer" if cfg.model else f"{cfg.tokenizer} tokenizer"
-        log(f"[2/6] {which} {len(tokenizer)} tokens ({unknown} of the held-out pages' tokens unknown); model {sum(p.numel() for p in model.parameters()):,} parameters")
-
-        # ---- 3. expert trajectories through the real loop and tools (one expert per world: a question's text
-        # may recur in another world with another answer), then SFT
+        data = _prepare_worlds(cfg, layout, run.path / "data", pmap, log)
+        model, tokenizer = _tokenizer_and_model(cfg, layout, data, log)
         t0 = time.perf_counter()
-        W = len(per_world)
-        per_episode = interleave(pmap(expert_episodes, [
-            ExpertJob(recs, len(range(k, cfg.expert_episodes, W)), tc, tokenizer, layout.agent, _mistakes(cfg), cfg.seed + 7919 * k)
-            for k, (recs, tc) in enumerate(zip(per_world, layout.train_tools, strict=True))
-        ]))  # fmt: skip
+        per_episode = _expert_episodes(cfg, layout, data.per_world, tokenizer, pmap)
     samples = [s for episode in per_episode for s in episode]
     mean_len = sum(len(s.token_ids) for s in samples) / len(samples)
     setup_seconds = time.perf_counter() - t_start
-    log(f"[3/6] {len(per_episode)} expert episodes on {W} world(s) in {time.perf_counter() - t0:.0f}s (mean {mean_len:.0f} tokens); SFT {cfg.sft.steps} steps")
-    t0 = time.perf_counter()
-    torch.set_num_threads(cfg.setup_threads)
-
-    def progress(step: int, loss: float) -> None:
-        if (step + 1) % 50 == 0 or step + 1 == cfg.sft.steps:
-            per_step = (time.perf_counter() - t0) / (step + 1)
-            log(f"      sft step {step + 1}/{cfg.sft.steps} loss {loss:.3f} ({per_step:.2f}s/step, {_mmss(per_step * (cfg.sft.steps - step - 1))} left)")
-
-    losses = sft(model, samples, cfg.sft.model_copy(update={"seed": cfg.seed}), on_step=progress)
+    log(f"[3/6] {len(per_episode)} expert episodes on {len(data.per_world)} world(s) in {time.perf_counter() - t0:.0f}s "
+        f"(mean {mean_len:.0f} tokens); SFT {cfg.sft.steps} steps")  # fmt: skip
+    losses, sft_seconds = _finetune(cfg, model, samples, log)
     start = {
-        "setup_seconds": setup_seconds, "sft_seconds": time.perf_counter() - t0, "sft_final_loss": losses[-1],
+        "setup_seconds": setup_seconds, "sft_seconds": sft_seconds, "sft_final_loss": losses[-1],
         "expert_mean_tokens": mean_len, "wall_seconds": time.perf_counter() - t_start,
     }  # fmt: skip
     model_dir = run.path / "model-sft"
     save_tiny(model, tokenizer, model_dir)
     atomic_write_json(model_dir / "sft.json", start)
     return start
+
+
+@dataclass
+class DemoData:
+    """Phase 1's questions: the expert's (SFT) per training world, RL's, the held-out ones, and those of the
+    worlds the tokenizer is fitted on."""
+
+    per_world: list[list[QARecord]]
+    rl_records: list[QARecord]
+    heldout_records: list[QARecord]
+    tokenizer_records: list[list[QARecord]]
+
+    @property
+    def train_records(self) -> list[QARecord]:
+        return [r for recs in self.per_world for r in recs]
+
+    def write(self, data_dir: Path, heldout_during_rl: int) -> None:
+        """train.jsonl, rl.jsonl, heldout.jsonl and heldout_small.jsonl (the questions RL's held-out curve asks)."""
+        held = self.heldout_records
+        small = held[:: max(1, len(held) // heldout_during_rl)][:heldout_during_rl]
+        for name, records in (("train", self.train_records), ("rl", self.rl_records), ("heldout", held),
+                              ("heldout_small", small)):  # fmt: skip
+            write_jsonl(data_dir / f"{name}.jsonl", (r.to_jsonl_dict() for r in records))
+
+
+def _prepare_worlds(cfg: DemoConfig, layout: _Layout, data_dir: Path, pmap: Mapper, log: Log) -> DemoData:
+    """Phase 1: every world's questions and search index; the training worlds' questions split into SFT and RL."""
+    log(f"[1/6] worlds: {cfg.train_worlds} for training ({layout.train_tools[0].corpus}, ...), "
+        f"held-out {layout.heldout_tools.corpus}")  # fmt: skip
+    prepared = pmap(prepare_world, _world_jobs(cfg, layout))
+    n_train = len(layout.train_seeds)
+    per_world, rl_records = [], []
+    for recs in prepared[:n_train]:
+        sft_part, rl_part = _split_per_hop(recs, cfg.rl_questions // len(cfg.hops))
+        per_world.append(sft_part)
+        rl_records += rl_part
+    data = DemoData(per_world, rl_records, prepared[n_train], prepared[n_train + 1 :])
+    data.write(data_dir, cfg.heldout_during_rl)
+    log(f"      {len(data.train_records)} expert (SFT), {len(rl_records)} RL and {len(data.heldout_records)} held-out "
+        f"questions (hops {cfg.hops}), indexes built")  # fmt: skip
+    return data
+
+
+def _world_jobs(cfg: DemoConfig, layout: _Layout) -> list[WorldJob]:
+    """The training worlds, the held-out world, and (a tiny model's BPE) the tokenizer's worlds."""
+    train_n = cfg.train_questions + cfg.rl_questions
+    jobs = [_world_job(cfg, seed, cfg.world_entities, train_n, "world-train", tools)
+            for seed, tools in zip(layout.train_seeds, layout.train_tools, strict=True)]  # fmt: skip
+    jobs.append(_world_job(cfg, layout.heldout_seed, cfg.heldout_entities, cfg.heldout_questions, "world-heldout",
+                           layout.heldout_tools))  # fmt: skip
+    if cfg.tokenizer == "bpe" and cfg.model is None:
+        for seed in layout.tokenizer_seeds:
+            # long pages: the tokenizer learns from expert episodes on its worlds, so those need their indexes
+            tools = _tools_over(cfg, seed) if cfg.pages == "long" else None
+            jobs.append(_world_job(cfg, seed, cfg.world_entities, 300, "world-tokenizer", tools, name_answers=False))
+    return jobs
+
+
+def _world_job(
+    cfg: DemoConfig, seed: int, entities: int, n: int, dataset: str, tools: ToolsConfig | None,
+    name_answers: bool | None = None,
+) -> WorldJob:  # fmt: skip
+    answers = cfg.name_answers if name_answers is None else name_answers
+    return WorldJob(seed, entities, n, cfg.hops, dataset, cfg.names, cfg.pages, answers, tools, cfg.phrasing)
+
+
+def _tokenizer_and_model(cfg: DemoConfig, layout: _Layout, data: DemoData, log: Log) -> tuple[Any, Any]:
+    """Phase 2: the tiny model and its tokenizer built here, or a pretrained pair loaded. The tokenizer learns
+    from other worlds, to which training and held-out names are equally foreign (fit on the training world,
+    copying learned on its names would not carry over; docs/demo.md)."""
+    from asearch.models.tiny import build_tiny_model
+
+    if cfg.model is not None:
+        from asearch.models.loading import load_model, load_tokenizer
+
+        tokenizer, model = load_tokenizer(cfg.model), load_model(cfg.model)
+    else:
+        tokenizer = _word_tokenizer(cfg, layout, data) if cfg.tokenizer == "word" else _bpe_tokenizer(cfg, layout, data)
+        model = build_tiny_model(tokenizer, hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads,
+                                 max_positions=cfg.max_positions, seed=cfg.seed)  # fmt: skip
+    model.set_attn_implementation(cfg.attention)
+    unknown = _unknown_words(tokenizer, _world(cfg, layout.heldout_seed, cfg.heldout_entities))
+    which = f"{cfg.model}: its tokenizer" if cfg.model else f"{cfg.tokenizer} tokenizer"
+    log(f"[2/6] {which} {len(tokenizer)} tokens ({unknown} of the held-out pages' tokens unknown); "
+        f"model {sum(p.numel() for p in model.parameters()):,} parameters")  # fmt: skip
+    return model, tokenizer
+
+
+def _word_tokenizer(cfg: DemoConfig, layout: _Layout, data: DemoData) -> Any:
+    """The training worlds' own words (the shared name pool, the page keys) and the loop's exact texts: expert
+    episodes through it with a byte tokenizer (no merges: nothing to fit)."""
+    from asearch.models.tiny import train_bpe_tokenizer, train_word_tokenizer
+
+    byte_tok = train_bpe_tokenizer([], vocab_size=300)
+    texts = _expert_texts(byte_tok, data.per_world[0][:300], layout.train_tools[0], _byte_budgets(layout.agent), cfg)
+    topk = cfg.rl.tools.search.topk
+    pages = (_page_texts(_world(cfg, seed, cfg.world_entities), topk) for seed in layout.train_seeds)
+    return train_word_tokenizer(itertools.chain(texts, itertools.chain.from_iterable(pages)))
+
+
+def _bpe_tokenizer(cfg: DemoConfig, layout: _Layout, data: DemoData) -> Any:
+    """Byte-level BPE fitted on the tokenizer worlds' pages and questions (long pages: whole expert episodes)."""
+    from asearch.models.tiny import train_bpe_tokenizer
+
+    texts_of = _episode_texts if cfg.pages == "long" else _tokenizer_texts
+    texts = (texts_of(_world(cfg, seed, cfg.world_entities), recs, cfg, layout)
+             for seed, recs in zip(layout.tokenizer_seeds, data.tokenizer_records, strict=True))  # fmt: skip
+    return train_bpe_tokenizer(
+        itertools.chain.from_iterable(texts), vocab_size=cfg.vocab_size, whole_numbers=cfg.whole_numbers
+    )
+
+
+def _expert_episodes(
+    cfg: DemoConfig, layout: _Layout, per_world: list[list[QARecord]], tokenizer: Any, pmap: Mapper
+) -> list[list[Sample]]:
+    """Phase 3: expert trajectories through the real loop and tools, one expert per world (a question's text may
+    recur in another world with another answer), the worlds taking turns; each episode's training samples."""
+    W = len(per_world)
+    jobs = [
+        ExpertJob(recs, len(range(k, cfg.expert_episodes, W)), tools, tokenizer, layout.agent, _mistakes(cfg),
+                  cfg.seed + 7919 * k)
+        for k, (recs, tools) in enumerate(zip(per_world, layout.train_tools, strict=True))
+    ]  # fmt: skip
+    return interleave(pmap(expert_episodes, jobs))
+
+
+def _finetune(cfg: DemoConfig, model: Any, samples: list[Sample], log: Log) -> tuple[list[float], float]:
+    """Phase 3's SFT on the expert samples with the set-up's threads: (losses, seconds)."""
+    t0 = time.perf_counter()
+    torch.set_num_threads(cfg.setup_threads)
+    progress = _SFTProgress(cfg.sft.steps, log, t0)
+    losses = sft(model, samples, cfg.sft.model_copy(update={"seed": cfg.seed}), on_step=progress)
+    return losses, time.perf_counter() - t0
+
+
+@dataclass
+class _SFTProgress:
+    """SFT's loss every 50 steps and at the end, with the time a step takes and the time left."""
+
+    steps: int
+    log: Log
+    t0: float
+
+    def __call__(self, step: int, loss: float) -> None:
+        if (step + 1) % 50 == 0 or step + 1 == self.steps:
+            per_step = (time.perf_counter() - self.t0) / (step + 1)
+            left = _mmss(per_step * (self.steps - step - 1))
+            self.log(f"      sft step {step + 1}/{self.steps} loss {loss:.3f} ({per_step:.2f}s/step, {left} left)")
 
 
 def _load_tiny(model_dir: Path, attention: str):
@@ -604,16 +677,18 @@ def _episode_rows(episodes: EpisodeScores, records) -> list[dict[str, Any]]:
     return [episode_row(t, r) for t, r in zip(episodes.trajectories, records, strict=True) if t is not None]
 
 
-def _heldout(model, tokenizer, tools, records, cfg: DemoConfig) -> EpisodeScores:
+def _heldout(model, tokenizer, tools_cfg: ToolsConfig, records, cfg: DemoConfig) -> EpisodeScores:
     """Greedy episodes (scored with the RL reward's metric) of `model` on `records`, with the set-up's threads."""
     from asearch.engine.inprocess import InProcessEngine
 
-    workflow = SearchAgentWorkflow(tokenizer, tools, cfg.rl.agent.model_copy(update={"temperature": 0.0}), cfg.rl.reward)
+    agent = cfg.rl.agent.model_copy(update={"temperature": 0.0})
 
     async def go():
         engine = InProcessEngine(model, tokenizer, cfg=cfg.rl.engine.options.model_copy(update={"threads": cfg.setup_threads}))
         try:
-            return await evaluate_workflow(workflow, engine, records, concurrency=128)
+            async with open_tools(tools_cfg, progress=False) as tools:
+                workflow = SearchAgentWorkflow(tokenizer, tools, agent, cfg.rl.reward)
+                return await evaluate_workflow(workflow, engine, records, concurrency=128)
         finally:
             await engine.close()
 

@@ -20,7 +20,7 @@ from asearch.engine.scripted import ScriptedEngine
 from asearch.eval.datasets import QARecord
 from asearch.rl.sft import trajectories_to_samples
 from asearch.rl.trainer import Sample
-from asearch.tools import ToolsConfig, build_tools, ensure_index
+from asearch.tools import ToolsConfig, ensure_index, open_tools
 
 J = TypeVar("J")
 R = TypeVar("R")
@@ -132,23 +132,19 @@ def expert_engine(tokenizer: Any, records: Sequence[QARecord], mistakes: ExpertM
 
 def expert_episodes(job: ExpertJob) -> list[list[Sample]]:
     """Per episode, its training samples (one per segment with generated tokens), in episode order."""
-    tools, closers = build_tools(job.tools, progress=False)
     engine = expert_engine(job.tokenizer, job.records, job.mistakes, job.seed)
 
     async def go():
         sem = asyncio.Semaphore(64)
+        async with open_tools(job.tools, progress=False) as tools:
 
-        async def one(i: int):
-            async with sem:
-                return await run_episode(engine, job.tokenizer, tools, job.records[i].question, job.agent)
+            async def one(i: int):
+                async with sem:
+                    return await run_episode(engine, job.tokenizer, tools, job.records[i].question, job.agent)
 
-        return await asyncio.gather(*(one(i) for i in spread(len(job.records), job.episodes)))
+            return await asyncio.gather(*(one(i) for i in spread(len(job.records), job.episodes)))
 
-    try:
-        trajectories = asyncio.run(go())
-    finally:
-        for close in closers:
-            close()
+    trajectories = asyncio.run(go())
     return [trajectories_to_samples([t]) for t in trajectories]
 
 
