@@ -10,7 +10,7 @@ with q/k/v and gate/up fused into single matmuls. Tests check it against the tra
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -386,6 +386,7 @@ def forward(
     *,
     n_keys: int | None = None,
     write_slots: Tensor | None = None,
+    decode_attention: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None,
 ) -> Tensor:
     """Run `tokens` for the contiguous slots first_slot .. first_slot+B-1 and return next-token logits.
 
@@ -394,7 +395,8 @@ def forward(
     are written into the cache (padding lands beyond a row's length, where the mask hides it until real
     tokens overwrite it), into slot write_slots[b] if given (a CUDA graph's padding rows write to the spare
     slot). Each query attends to cached positions <= its own among the first `n_keys` (default: max(starts)
-    + T, read from the device; a caller that knows it saves the sync). Returns float32 logits (B, vocab) at
+    + T, read from the device; a caller that knows it saves the sync). `decode_attention` (T == 1 only; a
+    `cpu_kernels.DecodeAttention`) replaces torch's attention kernel. Returns float32 logits (B, vocab) at
     each row's last real token. All tensors live on the weights' device.
     """
     B, T = tokens.shape
@@ -408,8 +410,9 @@ def forward(
     # (B, 1), broadcasts against pos
     rows = write_slots[:, None] if write_slots is not None else torch.arange(first_slot, first_slot + B, device=dev)[:, None]
     cos_sin = rope.table[pos]  # (B, T, 2, d)
+    native = decode_attention is not None and T == 1
     # Boolean mask, True = attend: key position j is visible to the query at position p iff j <= p.
-    mask = (torch.arange(n_keys, device=dev)[None, None, :] <= pos[:, :, None]).unsqueeze(1)  # (B, 1, T, n_keys)
+    mask = None if native else (torch.arange(n_keys, device=dev)[None, None, :] <= pos[:, :, None]).unsqueeze(1)
     x = F.embedding(tokens.reshape(N), w.embed)  # (N, H)
     q_end, k_end = nh * d, (nh + nkv) * d
     for i, lw in enumerate(w.layers):
@@ -429,7 +432,10 @@ def forward(
         kvbuf[rows, :, :, pos] = qkv[..., q_end:].view(B, T, 2, nkv, d)
         keys = kvbuf[first_slot : first_slot + B, 0, :, :n_keys]  # (B, nkv, n_keys, d), a view
         values = kvbuf[first_slot : first_slot + B, 1, :, :n_keys]
-        if T == 1:
+        if native:
+            assert decode_attention is not None
+            attn = decode_attention(qkv.view(B, -1), kvbuf[first_slot : first_slot + B], pos.view(B))
+        elif T == 1:
             # Decode: the nh / nkv query heads sharing a kv head become that head's "query positions"
             # (same mask row for all), so each K/V block is read once per kv head rather than per q head.
             q = qkv[..., :q_end].view(B, nkv, nh // nkv, d)

@@ -92,6 +92,12 @@ class InProcessEngineConfig(Config):
         "(captured on first use; removes the per-kernel launch cost); auto: on when the device is CUDA; "
         "ignored on other devices",
     )
+    cpu_attention: Literal["auto", "native", "sdpa"] = Field(
+        "auto",
+        description="decode attention on the CPU in float32: native is a C kernel (asearch/engine/cpu_kernels.c) "
+        "built at first use by the system C compiler, sdpa is torch's kernel; auto: native where it builds, "
+        "else sdpa (native errors instead); ignored on other devices and dtypes",
+    )
 
 
 # --------------------------------------------------------------------------- per-request state
@@ -167,6 +173,7 @@ class InProcessEngine:
     ):
         import torch
 
+        from asearch.engine.cpu_kernels import decode_attention_for
         from asearch.engine.decoder import DecodeGraphs, DecoderSpec, DecoderWeights, RoPE, SlotKVCache
         from asearch.models.device import resolve_device, resolve_dtype
         from asearch.models.lora import base_model, merged_state_dict
@@ -188,6 +195,7 @@ class InProcessEngine:
             self._cache = SlotKVCache(
                 self.spec, self._dtype, self.cfg.max_batch, self.max_seq_len, self.device, spare_slot=graphs
             )
+        self._decode_attention = decode_attention_for(self.cfg.cpu_attention, self.spec, self.device, self._dtype)
         # CUDA: decode runs on a stream of its own (high priority: a step waits on it), after what the constructor queued
         self._stream = torch.cuda.Stream(self.device, priority=-1) if self.device.type == "cuda" else None
         if self._stream is not None:
@@ -663,6 +671,7 @@ class InProcessEngine:
         return forward(
             self.spec, self._weights, self._rope, self._cache, 0, host_tensor_to(tokens, torch.long, dev)[:, None],
             host_tensor_to(starts, torch.long, dev), None, n_keys=max(starts) + 1,
+            decode_attention=self._decode_attention,
         )  # fmt: skip
 
     def _prefill(self, first: int, logits: list[torch.Tensor], ready: list[int]) -> None:
