@@ -55,10 +55,12 @@ test-fast: install
 bench: install
 	$(BIN)/python bench/retrieval.py
 
-# ruff, then the package layers and the no-cycles rule ([tool.importlinter] in pyproject.toml).
+# ruff, then the package layers and the no-cycles rule ([tool.importlinter] in pyproject.toml), then the type
+# check ([tool.mypy]: rl, agent, engine, tools, launch; zero errors).
 lint: install
 	$(BIN)/ruff check src tests bench
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) .pytest_cache build dist src/*.egg-info

@@ -4,7 +4,8 @@ advantage estimators, loss corrections, search methods, web search providers and
     LAUNCHERS = Registry("launcher", "asearch.launch")
     LAUNCHERS.add("slurm", SlurmLauncher, origin=SlurmLauncher)    # what @register_launcher does
     LAUNCHERS.get("slurm")          # imports every module of asearch.launch first, once
-    launcher: LAUNCHERS.name_type() = "local"   # a config field: any registered name, checked on validation
+    launcher: Annotated[str, AfterValidator(LAUNCHERS.check)] = "local"   # a config field: any registered name,
+        # checked on validation (`LAUNCHERS.name_type()` is the same type, but a call is no annotation to mypy)
 
 A new part is one new module in the registry's package: every module is imported on the first lookup,
 so its registration runs without being listed anywhere. Lookups of unknown names raise a ConfigError

@@ -17,9 +17,9 @@ import json
 import re
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
-from pydantic import Field, create_model, model_validator
+from pydantic import AfterValidator, Field, create_model, model_validator
 
 from asearch.config import Config
 from asearch.files import cache_dir
@@ -50,7 +50,7 @@ class ToolSourceConfig(Config):
     )
     index: Path | None = Field(None, description="A prebuilt index directory (asearch index build).")
     server_url: str | None = Field(None, description="A retrieval server (asearch serve) to query over HTTP.")
-    method: SEARCH_METHODS.name_type() = Field(
+    method: Annotated[str, AfterValidator(SEARCH_METHODS.check)] = Field(  # any registered search method
         "bm25", description="Search method for local indexes: bm25, dense, hybrid or any registered one."
     )
     build: IndexConfig = Field(
