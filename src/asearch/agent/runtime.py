@@ -18,7 +18,7 @@ from asearch.agent.trajectory import Trajectory
 from asearch.config import Config
 from asearch.engine.registry import EngineConfig, build_engine
 from asearch.engine.types import Engine, Tokenizer
-from asearch.tools import Tool, ToolsConfig, build_tools
+from asearch.tools import Tool, ToolsConfig, build_tools, close_all
 
 
 class RuntimeConfig(Config):
@@ -39,10 +39,8 @@ class Runtime:
         return await run_episode(self.engine, self.tokenizer, self.tools, question, self.agent_cfg, **kwargs)
 
     async def close(self) -> None:
-        for c in reversed(self._closers):
-            res = c()
-            if hasattr(res, "__await__"):
-                await res
+        """Close the tools' sources and the engine, the last opened first; every one runs even when one raises."""
+        await close_all(self._closers)
 
 
 # Instruct models too small to drive the tag protocol on their own (aliases, lower case).
