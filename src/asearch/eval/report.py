@@ -21,6 +21,7 @@ from dataclasses import asdict
 from typing import Any
 
 from asearch.metrics.aggregate import Estimate, avg_at_k, bootstrap_mean, pass_at_k
+from asearch.metrics.counters import tool_calls_text
 
 __all__ = ["METRICS", "STAT_COUNTERS", "data_source_of", "render_markdown", "summarize", "tool_calls_text"]
 
@@ -32,18 +33,11 @@ AGENT_COUNTERS = frozenset(
     {"llm_calls", "generated_tokens", "read_turns", "compactions", "auto_closed", "parse_errors", "tool_errors",
      "prompt_mismatches", "agent_errors", "tool_calls", "tool_call_parse_errors"}
 )  # fmt: skip
-LEGACY_TOOL_COUNTERS = ("searches", "accesses")  # the stats of summaries written before tools published theirs
 
 
 def tool_counters_of(records: Sequence[Mapping[str, Any]]) -> list[str]:
     """The tools' counters in `records`, in the order they first appear."""
     return list(dict.fromkeys(c for r in records for c in (r.get("counters") or {}) if c not in AGENT_COUNTERS))
-
-
-def tool_calls_text(stats: Mapping[str, Any], digits: int = 1) -> str:
-    """`searches 2.1, accesses 0.4`: the mean calls of every tool a summary's stats hold."""
-    names = stats.get("tool_counters", [c for c in LEGACY_TOOL_COUNTERS if c in stats])
-    return ", ".join(f"{c} {_num(stats.get(c), digits)}" for c in names) or "–"
 
 
 def _estimate(e: Estimate | None) -> dict[str, float] | None:

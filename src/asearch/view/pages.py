@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
-from asearch.eval.report import tool_calls_text
+from asearch.metrics.counters import tool_calls_text
 from asearch.metrics.horizon import PER_EPISODE_MEANS
 from asearch.metrics.offpolicy import (
     MASKED_FRAC,
