@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,6 +31,47 @@ class CharTokenizer:
 @pytest.fixture(scope="session")
 def char_tokenizer() -> CharTokenizer:
     return CharTokenizer()
+
+
+@pytest.fixture(scope="session")
+def make_tokenizer() -> Callable[..., Any]:
+    """`make_tokenizer(texts, vocab_size=300)`: a byte-level BPE tokenizer (with the ChatML template) trained on
+    `texts`, built once per distinct (texts, vocab_size) in the session: do not change the one you get."""
+    from asearch.models.tiny import train_bpe_tokenizer
+
+    built: dict[tuple[tuple[str, ...], int], Any] = {}
+
+    def make(texts: Iterable[str], vocab_size: int = 300) -> Any:
+        key = (tuple(texts), vocab_size)
+        if key not in built:
+            built[key] = train_bpe_tokenizer(list(key[0]), vocab_size=vocab_size)
+        return built[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def make_tiny_model() -> Callable[..., Any]:
+    """`make_tiny_model(tokenizer, **shape)`: a new random tiny Qwen2 for `tokenizer` (one layer, d=32, two
+    heads, seed 0 unless `shape` says otherwise: build_tiny_model's keywords), on one torch thread."""
+    pytest.importorskip("torch")
+    import torch
+
+    from asearch.models.tiny import build_tiny_model
+
+    def make(tokenizer: Any, **shape: Any) -> Any:
+        torch.set_num_threads(1)
+        return build_tiny_model(tokenizer, **{"hidden": 32, "layers": 1, "heads": 2, "seed": 0, **shape})
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def tiny_policy(make_tokenizer, make_tiny_model):
+    """(tokenizer, a two-layer tiny Qwen2 in eval mode): the trainer tests' policy. Module-scoped: copy the
+    model before training it."""
+    tok = make_tokenizer(["the cat sat on the mat", "a dog ran in the park"] * 50)
+    return tok, make_tiny_model(tok, layers=2).eval()
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,6 @@ import pytest
 
 from asearch.agent import AgentConfig, Trajectory, run_episode
 from asearch.engine.scripted import ScriptedEngine
-from asearch.models.tiny import train_bpe_tokenizer
 from asearch.retrieval.index import open_index
 from asearch.tools import AccessTool, SearchTool
 
@@ -23,11 +22,11 @@ DOCS = [
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory, build_mini_index):
+def world(tmp_path_factory, build_mini_index, make_tokenizer):
     index = open_index(build_mini_index(tmp_path_factory.mktemp("idx") / "mini", "test-mini", DOCS))
     tools = {"search": SearchTool(index.retriever("bm25"), {"topk": 2}), "access": AccessTool(index.pages)}
     texts = [x for _, x in DOCS] * 20 + ["<search></search><answer></answer><summary></summary><think></think>"] * 20
-    tok = train_bpe_tokenizer(texts, vocab_size=400)
+    tok = make_tokenizer(texts, vocab_size=400)
     return tools, tok
 
 

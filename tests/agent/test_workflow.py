@@ -11,14 +11,12 @@ from asearch.agent.workflow import EpisodeItem, SearchAgentWorkflow, run_workflo
 from asearch.engine.scripted import ScriptedEngine
 from asearch.engine.types import GenerateResponse
 from asearch.metrics.reward import RewardConfig
-from asearch.models.tiny import train_bpe_tokenizer
 from asearch.tools import EpisodeContext, Observation
 
 
 @pytest.fixture(scope="module")
-def tok():
-    texts = ["Where was Ada Varn born? Oslen Kettering"] * 20 + ["<search></search><answer></answer><think></think>"] * 20
-    return train_bpe_tokenizer(texts, vocab_size=300)
+def tok(make_tokenizer):
+    return make_tokenizer(["Where was Ada Varn born? Oslen Kettering"] * 20 + ["<search></search><answer></answer><think></think>"] * 20)
 
 
 class _Echo:

@@ -150,13 +150,10 @@ def test_a_new_engine_kind_is_one_file(tmp_path, monkeypatch) -> None:
             EngineConfig(kind="echo", sufix="?")
 
 
-def test_scripted_kind_replays_replies_per_trajectory(tmp_path) -> None:
-    pytest.importorskip("torch")
+def test_scripted_kind_replays_replies_per_trajectory(tok_dir) -> None:
     from asearch.engine.types import GenerateRequest, SamplingParams
-    from asearch.models.tiny import train_bpe_tokenizer
 
-    train_bpe_tokenizer(["a search then an answer"] * 5, vocab_size=300).save_pretrained(tmp_path)
-    engine, tok = build_engine(EngineConfig(kind="scripted", model=str(tmp_path), replies=["one", "two"]))
+    engine, tok = build_engine(EngineConfig(kind="scripted", model=str(tok_dir), replies=["one", "two"]))
 
     async def call(tid: str) -> str:
         req = GenerateRequest(input_ids=tok.encode("q", add_special_tokens=False), trajectory_id=tid,

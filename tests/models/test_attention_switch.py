@@ -9,17 +9,16 @@ import pytest
 import torch
 
 from asearch.models.device import TrainingPlacement, use_attention
-from asearch.models.tiny import build_tiny_model, train_bpe_tokenizer
 from asearch.rl.trainer import PolicyTrainer, Sample, TrainerConfig
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return train_bpe_tokenizer(["the search agent reads a page and answers"] * 20, vocab_size=300)
+def tokenizer(make_tokenizer):
+    return make_tokenizer(["the search agent reads a page and answers"] * 20)
 
 
-def test_auto_picks_sdpa_from_the_switch_length_and_returns_to_the_models_own(tokenizer) -> None:
-    model = build_tiny_model(tokenizer, hidden=32, layers=1, heads=2, max_positions=256)
+def test_auto_picks_sdpa_from_the_switch_length_and_returns_to_the_models_own(tokenizer, make_tiny_model) -> None:
+    model = make_tiny_model(tokenizer, max_positions=256)
     assert model.config._attn_implementation == "eager"
     auto = TrainingPlacement(attention="auto", attention_switch_tokens=100)
     seen = []
@@ -51,8 +50,8 @@ def test_a_model_without_a_switchable_attention_is_left_alone() -> None:
     assert raising.__dict__.get("_asearch_fixed_attention") is True
 
 
-def test_auto_leaves_a_model_loaded_with_another_kernel_alone(tokenizer) -> None:
-    model = build_tiny_model(tokenizer, hidden=32, layers=1, heads=2, max_positions=256)
+def test_auto_leaves_a_model_loaded_with_another_kernel_alone(tokenizer, make_tiny_model) -> None:
+    model = make_tiny_model(tokenizer, max_positions=256)
     model.set_attn_implementation("sdpa")
     use_attention(model, 10, TrainingPlacement(attention="auto", attention_switch_tokens=100))
     assert model.config._attn_implementation == "sdpa"  # auto upgrades eager only; it never downgrades
@@ -68,12 +67,14 @@ def _samples(lengths: list[int], vocab: int, seed: int = 0) -> list[Sample]:
     return out
 
 
-def test_a_step_under_auto_matches_the_same_step_under_eager_and_uses_sdpa_on_its_long_rows(tokenizer) -> None:
+def test_a_step_under_auto_matches_the_same_step_under_eager_and_uses_sdpa_on_its_long_rows(
+    tokenizer, make_tiny_model
+) -> None:
     """Mixed lengths: the short micro-batch runs eager, the long one SDPA, and the update equals an all-eager one."""
     samples = _samples([24, 30, 200, 210], len(tokenizer))
     weights = {}
     for attention in ("model", "auto"):
-        model = build_tiny_model(tokenizer, hidden=32, layers=2, heads=2, max_positions=256, seed=3)
+        model = make_tiny_model(tokenizer, layers=2, max_positions=256, seed=3)
         used = []
         original = model.set_attn_implementation
         model.set_attn_implementation = lambda name, _o=original, _u=used: (_u.append(name), _o(name))[1]

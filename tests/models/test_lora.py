@@ -20,11 +20,8 @@ LORA = LoraConfig(r=4, alpha=8)
 
 
 @pytest.fixture(scope="module")
-def policy():
-    from asearch.models.tiny import build_tiny_model, train_bpe_tokenizer
-
-    tok = train_bpe_tokenizer(["the cat sat on the mat", "a dog ran in the park"] * 50, vocab_size=300)
-    return tok, build_tiny_model(tok, hidden=32, layers=2, heads=2, seed=0).eval()
+def policy(tiny_policy):
+    return tiny_policy
 
 
 def _samples(tok, n=4):

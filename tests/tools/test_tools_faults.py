@@ -17,7 +17,6 @@ from asearch.agent import AgentConfig, run_episode
 from asearch.agent.trajectory import Trajectory
 from asearch.engine.scripted import ScriptedEngine
 from asearch.errors import RemoteError
-from asearch.models.tiny import train_bpe_tokenizer
 from asearch.retrieval.client import RetrievalClient
 from asearch.tools import (
     FaultConfig,
@@ -239,13 +238,11 @@ def test_build_tools_injects_into_the_named_backends_and_counts(mini_index) -> N
 DOCS_URL = "https://mini.example/wiki/Ada_Varn"
 
 
-def test_an_episode_counts_the_infrastructure_faults_it_met(mini_index) -> None:
+def test_an_episode_counts_the_infrastructure_faults_it_met(mini_index, make_tokenizer) -> None:
     """search fails (garbled answer), then the model writes unusable arguments (its own mistake), then answers."""
     cfg = ToolsConfig.model_validate({"index": str(mini_index), "access": None, "faults": {"garbage": 1.0}})
     tools, closers = build_tools(cfg, progress=False)
-    tok = train_bpe_tokenizer(
-        [x for _, x in DOCS] * 20 + ["<search></search><answer></answer>"] * 20, vocab_size=300
-    )
+    tok = make_tokenizer([x for _, x in DOCS] * 20 + ["<search></search><answer></answer>"] * 20)
     replies = iter(["<search>Ada Varn</search>", '<search>{"query": 3}</search>', "<answer>Oslen</answer>"])
     try:
         traj = asyncio.run(

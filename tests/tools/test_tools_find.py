@@ -10,7 +10,6 @@ import pytest
 from asearch.agent import AgentConfig, run_episode
 from asearch.corpus.types import Document, Page
 from asearch.engine.scripted import ScriptedEngine
-from asearch.models.tiny import train_bpe_tokenizer
 from asearch.retrieval.index import IndexConfig, build_index
 from asearch.tools import EpisodeContext, ToolsConfig, build_tools, run_tool
 from asearch.tools.find import FindTool
@@ -120,7 +119,7 @@ def researcher(prompt: str) -> str:
     return "<search>Ada Varn</search>"
 
 
-def test_an_agent_searches_accesses_and_finds(tmp_path):
+def test_an_agent_searches_accesses_and_finds(tmp_path, make_tokenizer):
     build_index(_Source(), tmp_path / "idx", IndexConfig(), progress=False)
     # pages of 400 characters, two shown: the birthplace, at character ~1,250, is cut from what access shows
     cfg = ToolsConfig(index=tmp_path / "idx", access={"chunk_chars": 400, "max_chunks": 2}, find={})
@@ -130,7 +129,7 @@ def test_an_agent_searches_accesses_and_finds(tmp_path):
         LONG.contents,
         "<search></search><access></access><find></find><answer></answer><summary></summary>",
     ]
-    tok = train_bpe_tokenizer(texts * 20, vocab_size=400)
+    tok = make_tokenizer(texts * 20, vocab_size=400)
     prompts: list[str] = []
 
     def policy(prompt: str) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from asearch.models.tiny import train_bpe_tokenizer
 from asearch.web.fakes import DEFAULT_PAGES, FakeWeb
 
 SERPER_KEY = "sk-serper-test-0123456789abcdef"
@@ -25,8 +24,8 @@ def api_keys(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
+def tokenizer(make_tokenizer):
     """A byte-level BPE tokenizer that knows the fake web's pages and the agent's tags."""
     texts = [t for _, t in DEFAULT_PAGES.values()] * 20
     texts += ["<search></search><access></access><answer></answer><summary></summary><think></think>"] * 20
-    return train_bpe_tokenizer(texts, vocab_size=400)
+    return make_tokenizer(texts, vocab_size=400)

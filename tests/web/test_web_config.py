@@ -134,10 +134,9 @@ def test_eval_over_the_web_reports_cache_and_cost_and_replays_cache_only(
     assert fake_web.hits["serper"] == 2 and fake_web.hits["site"] == 2  # nothing went out
 
 
-def test_train_logs_web_counters_every_step(fake_web, tokenizer, tmp_path):
+def test_train_logs_web_counters_every_step(fake_web, tokenizer, make_tiny_model, tmp_path):
     """A one-step RL run of a random tiny model on web tools: metrics.jsonl carries the web/ counters."""
     from asearch.launch.train import TrainConfig, train
-    from asearch.models.tiny import build_tiny_model
     from asearch.runs import RunDir
 
     data = tmp_path / "train.jsonl"
@@ -159,7 +158,7 @@ def test_train_logs_web_counters_every_step(fake_web, tokenizer, tmp_path):
             "rollout.drop_zero_variance=false",
         ],
     )
-    model = build_tiny_model(tokenizer, hidden=32, layers=1, heads=2, max_positions=512)
+    model = make_tiny_model(tokenizer, max_positions=512)
     run = RunDir(tmp_path / "run", tensorboard=False)
     asyncio.run(train(cfg, run=run, log=lambda _: None, model=model, tokenizer=tokenizer))
     (row,) = run.metrics()
