@@ -13,10 +13,11 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from asearch.agent.loop import AgentConfig, run_episode
 from asearch.engine.scripted import ScriptedEngine
+from asearch.engine.types import Tokenizer
 from asearch.eval.datasets import QARecord
 from asearch.rl.sft import trajectories_to_samples
 from asearch.rl.trainer import Sample
@@ -98,7 +99,7 @@ class ExpertJob:
     records: list[QARecord]
     episodes: int
     tools: ToolsConfig
-    tokenizer: Any
+    tokenizer: Tokenizer
     agent: AgentConfig
     mistakes: ExpertMistakes
     seed: int  # the expert's own: its choices depend on (seed, prompt) only
@@ -118,7 +119,7 @@ class ExpertMistakes:
     p_skim: float = 0.0
 
 
-def expert_engine(tokenizer: Any, records: Sequence[QARecord], mistakes: ExpertMistakes, seed: int) -> ScriptedEngine:
+def expert_engine(tokenizer: Tokenizer, records: Sequence[QARecord], mistakes: ExpertMistakes, seed: int) -> ScriptedEngine:
     """The scripted expert (with its deliberate mistakes) for `records`, as an engine the agent loop drives."""
     from asearch.agent.expert import ReadingExpert, WorldExpert, plan_from_record, reading_plan_from_record
 

@@ -30,6 +30,7 @@ from asearch.metrics.qa import qa_scores
 
 if TYPE_CHECKING:
     from asearch.agent.workflow import RolloutWorkflow, SearchAgentWorkflow
+    from asearch.engine.types import Engine, Tokenizer
 
 __all__ = [
     "RESULTS_FILE",
@@ -564,7 +565,7 @@ def aggregate_only(out_dir: str | Path) -> EvalSummary:
 
 
 def workflow_solver(
-    workflow: SearchAgentWorkflow, engine: Any, *, metrics: Callable[[], Mapping[str, float]] | None = None
+    workflow: SearchAgentWorkflow, engine: Engine, *, metrics: Callable[[], Mapping[str, float]] | None = None
 ) -> Solve:
     """A `solve` that runs `workflow` (a `SearchAgentWorkflow`) on the record with the pass's seed. An episode
     the workflow rejects counts as a failed question (not scored, retried by the next run)."""
@@ -586,7 +587,7 @@ def workflow_solver(
     return solve
 
 
-def agent_solver(engine: Any, tokenizer: Any, tools: Mapping[str, Any], agent_cfg: Any) -> Solve:
+def agent_solver(engine: Engine, tokenizer: Tokenizer, tools: Mapping[str, Any], agent_cfg: Any) -> Solve:
     """`workflow_solver` over the search agent with `tools`; its `metrics()` are the tools' run counters
     (web cache and cost, injected faults, answers recorded or replayed; {} for local tools that do none)."""
     from asearch.agent.workflow import SearchAgentWorkflow
@@ -620,7 +621,7 @@ class EpisodeScores:
         return sum((t.score or 0.0) if t is not None else 0.0 for t in kept) / max(len(kept), 1)
 
 
-async def evaluate_workflow(workflow: RolloutWorkflow, engine: Any, records: Sequence[Any], *, concurrency: int = 64) -> EpisodeScores:
+async def evaluate_workflow(workflow: RolloutWorkflow, engine: Engine, records: Sequence[Any], *, concurrency: int = 64) -> EpisodeScores:
     """One episode per record through `workflow` (at most `concurrency` at once), kept in memory: the
     held-out curve during RL and the demo's before/after accuracy (greedy when the workflow's agent is)."""
     from asearch.agent.workflow import run_workflow

@@ -29,7 +29,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asearch.agent.loop import AgentConfig, run_episode
 from asearch.agent.trajectory import Trajectory
@@ -41,6 +41,9 @@ from asearch.synth.records import Statement, Uniqueness
 from asearch.synth.solver import DirectResult, answer_seed
 from asearch.synth.synthesizer import Attempt, Synthesizer, edit_step
 from asearch.tools import EpisodeContext, Observation, Tool, ToolArgumentError
+
+if TYPE_CHECKING:
+    from asearch.engine.types import Engine, Tokenizer
 
 # The role marker opens the prompt so logs (and scripted test servers) can tell the calls apart.
 AGENT_PROMPT = """[synth-agent] You make a quiz question hard to answer from memory while it keeps exactly \
@@ -76,7 +79,7 @@ class SynthSession:
     """One seed in the making: the question as it stands with its gate results, and what the agent did."""
 
     seed: Seed
-    engine: Any
+    engine: Engine
     attempt: Attempt
     current: Draft
     result: DirectResult  # the tool-less solver on `current`
@@ -207,7 +210,7 @@ class SynthAgentWorkflow:
     def __init__(
         self,
         synth: Synthesizer,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         tools: Mapping[str, Tool],
         cfg: SynthConfig,
         *,
@@ -231,7 +234,7 @@ class SynthAgentWorkflow:
         self.tool_solver = SearchAgentWorkflow(tokenizer, tools, solver_cfg)
         self.rejected: Counter[str] = Counter()
 
-    async def arun_episode(self, engine: Any, item: Seed, *, seed: int | None = None) -> Trajectory | None:
+    async def arun_episode(self, engine: Engine, item: Seed, *, seed: int | None = None) -> Trajectory | None:
         """The accepted question's trajectory (`metadata["question"]` is its output row), or None."""
         attempt, traj = await self.run_seed(engine, item, seed=seed)
         if attempt.question is None or traj is None:
@@ -241,7 +244,7 @@ class SynthAgentWorkflow:
         return traj
 
     async def run_seed(
-        self, engine: Any, item: Seed, *, seed: int | None = None
+        self, engine: Engine, item: Seed, *, seed: int | None = None
     ) -> tuple[Attempt, Trajectory | None]:
         """The seed's attempt record (accepted or rejected with its reason) and the agent's trajectory (None
         when the base QA failed and no episode ran)."""
@@ -316,7 +319,7 @@ class SynthAgentWorkflow:
                 )
         return "accepted", f"hard after {s.kept_edits} kept edits"
 
-    async def solve_with_tools(self, engine: Any, draft: Draft) -> DirectResult:
+    async def solve_with_tools(self, engine: Engine, draft: Draft) -> DirectResult:
         """`agent.tool_solver_k` search-agent episodes on the question, graded like the direct answers."""
         item = EpisodeItem(id="synth-tool-solver", question=draft.question, golds=tuple(draft.answers))
 
@@ -377,7 +380,7 @@ def _turn_record(turn: Any) -> dict[str, Any]:
 class AgentSynthesizer:
     """The run's per-seed step for backend agent: the workflow's episode on the agent's engine."""
 
-    def __init__(self, workflow: SynthAgentWorkflow, engine: Any, closers: list[Any]):
+    def __init__(self, workflow: SynthAgentWorkflow, engine: Engine, closers: list[Any]):
         self.workflow, self.engine, self._closers = workflow, engine, closers
 
     def models(self) -> dict[str, str]:

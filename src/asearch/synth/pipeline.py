@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from asearch.config import dump_config
 from asearch.errors import AsearchError, ConfigError
@@ -35,6 +35,9 @@ from asearch.synth.preflight import check_endpoints, endpoints_to_check
 from asearch.synth.report import build_report, render_report
 from asearch.synth.solver import DirectSolver, Grader
 from asearch.synth.synthesizer import Attempt, Synthesizer
+
+if TYPE_CHECKING:
+    from asearch.engine.types import Engine
 
 __all__ = [
     "Attempt",
@@ -128,7 +131,7 @@ async def run_synthesis_async(
     backend: SynthBackend | None = None,
     solver: DirectSolver | None = None,
     grader: Grader | None = None,
-    agent_engine: Any = None,
+    agent_engine: Engine | None = None,
     max_errors: int = 20,
     log: Callable[[str], None] = print,
     on_progress: Callable[[Progress], None] | None = None,
@@ -174,7 +177,7 @@ def _build_runner(
     backend: SynthBackend | None,
     solver: DirectSolver | None,
     grader: Grader | None,
-    agent_engine: Any,
+    agent_engine: Engine | None,
     owned: list[Any],
 ) -> tuple[SeedRunner, SynthBackend]:
     """The per-seed runner and its backend; what is built here is appended to `owned` (closed by the run)."""

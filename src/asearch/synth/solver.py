@@ -13,10 +13,13 @@ import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from asearch.metrics.qa import exact_match, f1
 from asearch.synth.config import EndpointConfig, GradingConfig, SolverConfig
+
+if TYPE_CHECKING:
+    from asearch.engine.types import Engine
 
 _MAX_ANSWER_CHARS = 200
 _PREFIX = re.compile(r"^\s*(?:final answer|answer|a)\s*[:\-]\s*", re.I)
@@ -78,7 +81,7 @@ class ChatDirectSolver:
 class EngineDirectSolver:
     """k generations from an `Engine` that takes chat messages (the in-process engine with its tokenizer)."""
 
-    def __init__(self, engine: Any, cfg: SolverConfig, name: str | None = None):
+    def __init__(self, engine: Engine, cfg: SolverConfig, name: str | None = None):
         self.engine, self.cfg = engine, cfg
         self.name = name or cfg.name
         tok = getattr(engine, "tokenizer", None)
