@@ -1,14 +1,17 @@
-"""The C decode attention (asearch/engine/cpu_kernels.c) against torch's kernel in the same decoder forward."""
+"""The C kernels of the decode step (asearch/engine/cpu_kernels.c) against torch's ops: attention with RoPE and
+the K/V write in the same decoder forward, and the sampler."""
 
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 import torch
 
 from asearch.engine import cpu_kernels
 from asearch.engine.decoder import DecoderSpec, DecoderWeights, RoPE, SlotKVCache, forward
+from asearch.engine.sampling import RowSampling, sample
 from asearch.errors import ConfigError
 
 torch.set_num_threads(1)
@@ -45,7 +48,7 @@ def decoder_parts(model):
 def test_native_decode_matches_sdpa_on_ragged_rows(heads, kv_heads, head_dim, qwen3):
     model = tiny_qwen(heads, kv_heads, head_dim, qwen3=qwen3)
     spec, weights, rope = decoder_parts(model)
-    attend = cpu_kernels.DecodeAttention(cpu_kernels.load(), spec.heads, spec.kv_heads, spec.head_dim)
+    attend = cpu_kernels.CpuKernels(cpu_kernels.load()).decode_attention(spec)
     caches = [SlotKVCache(spec, torch.float32, max_slots=8, max_len=128) for _ in range(2)]
     g = torch.Generator().manual_seed(0)
     lens = [21, 5, 40, 1]  # rows of slots 1..4 (first_slot 1 must be honoured)
@@ -68,45 +71,86 @@ def test_native_decode_matches_sdpa_on_ragged_rows(heads, kv_heads, head_dim, qw
             worst = max(worst, (torch.log_softmax(got, -1) - torch.log_softmax(want, -1)).abs().max().item())
             lens = [n + 1 for n in lens]
     assert worst < 1e-5, worst
-    for a, b in zip(caches[0].kv, caches[1].kv, strict=True):  # the new tokens' K/V were written alike
+    for a, b in zip(caches[0].kv, caches[1].kv, strict=True):  # the new tokens' K/V were rotated and written alike
         for row, n in enumerate(lens):
             assert torch.allclose(a[1 + row, :, :, :n], b[1 + row, :, :, :n], atol=1e-5)
 
 
-def test_cpu_attention_setting_resolves_and_falls_back(monkeypatch):
-    spec = DecoderSpec.from_config(tiny_qwen(4, 2, 12, qwen3=False).config)
-    cpu = torch.device("cpu")
-    assert cpu_kernels.decode_attention_for("sdpa", spec, cpu, torch.float32) is None
-    assert cpu_kernels.decode_attention_for("auto", spec, cpu, torch.bfloat16) is None
-    assert cpu_kernels.decode_attention_for("native", spec, torch.device("meta"), torch.float32) is None
-    monkeypatch.setattr(cpu_kernels, "_state", {})
-    monkeypatch.setenv("CC", "/nonexistent/cc")  # a build that fails: logged, torch's kernel stays
-    assert cpu_kernels.load() is None
-    assert cpu_kernels.decode_attention_for("auto", spec, cpu, torch.float32) is None
-    with pytest.raises(ConfigError, match="could not be built"):
-        cpu_kernels.decode_attention_for("native", spec, cpu, torch.float32)
+@needs_kernels
+def test_native_sampler_draws_what_torch_draws():
+    kernels = cpu_kernels.CpuKernels(cpu_kernels.load())
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(40, 3000, generator=g) * 4
+    logits[5, 100:] = float("-inf")  # a row with most of its vocabulary masked
+    temps = [[0.0, 0.5, 1.0, 1.7][i % 4] for i in range(40)]
+
+    def rows():
+        return [RowSampling(t, 0, 1.0, random.Random(i)) for i, t in enumerate(temps)]
+
+    ids, lps = sample(logits, rows(), kernels=kernels)
+    want_ids, want_lps = sample(logits, rows())
+    assert ids == want_ids
+    assert lps == pytest.approx(want_lps, abs=1e-5)
+    assert ids[5] < 100
+    greedy_only = [RowSampling(0.0, 0, 1.0, random.Random(0)) for _ in range(3)]
+    assert sample(logits[:3], greedy_only, kernels=kernels)[0] == logits[:3].argmax(-1).tolist()
 
 
 @needs_kernels
-def test_engine_with_native_attention_samples_what_sdpa_samples():
+def test_native_sampler_frequencies_and_the_top_of_the_cdf():
+    kernels = cpu_kernels.CpuKernels(cpu_kernels.load())
+    logits = torch.tensor([[2.0, 1.0, 0.5, float("-inf"), -1.0, float("-inf")]])
+    n = 6000
+    rows = [RowSampling(0.8, 0, 1.0, random.Random(i)) for i in range(n)]
+    tokens, logprobs = sample(logits.expand(n, -1).contiguous(), rows, kernels=kernels)
+    expected = torch.log_softmax(logits[0] / 0.8, -1)
+    counts = torch.bincount(torch.tensor(tokens), minlength=6).float() / n
+    assert torch.allclose(counts, expected.exp(), atol=0.025), (counts, expected.exp())
+    assert all(lp == pytest.approx(expected[t].item(), abs=1e-5) for t, lp in zip(tokens, logprobs, strict=True))
+
+    class Top(random.Random):  # u just below 1: the last token with mass, never a masked one after it
+        def random(self):
+            return 1.0 - 2**-53
+
+    assert sample(logits, [RowSampling(1.0, 0, 1.0, Top())], kernels=kernels)[0] == [4]
+
+
+def test_cpu_kernels_setting_resolves_and_falls_back(monkeypatch):
+    cpu = torch.device("cpu")
+    assert cpu_kernels.kernels_for("torch", cpu, torch.float32) is None
+    assert cpu_kernels.kernels_for("auto", cpu, torch.bfloat16) is None
+    assert cpu_kernels.kernels_for("native", torch.device("meta"), torch.float32) is None
+    monkeypatch.setattr(cpu_kernels, "_state", {})
+    monkeypatch.setenv("CC", "/nonexistent/cc")  # a build that fails: logged, torch's ops stay
+    assert cpu_kernels.load() is None
+    assert cpu_kernels.kernels_for("auto", cpu, torch.float32) is None
+    with pytest.raises(ConfigError, match="could not be built"):
+        cpu_kernels.kernels_for("native", cpu, torch.float32)
+
+
+@needs_kernels
+def test_engine_with_native_kernels_samples_what_torch_samples():
     from asearch.engine.inprocess import InProcessEngine, InProcessEngineConfig
     from asearch.engine.types import GenerateRequest, SamplingParams
 
     model = tiny_qwen(4, 2, 12, qwen3=False)
     reqs = [
-        GenerateRequest(input_ids=list(range(3, 3 + 4 * i)), sampling=SamplingParams(max_new_tokens=12, seed=i))
+        GenerateRequest(
+            input_ids=list(range(3, 3 + 4 * i)),
+            sampling=SamplingParams(max_new_tokens=12, seed=i, temperature=0.0 if i == 2 else 1.0),
+        )
         for i in range(1, 6)
     ]
 
     async def run(setting: str):
-        engine = InProcessEngine(model, None, cfg=InProcessEngineConfig(max_seq_len=64, cpu_attention=setting))
+        engine = InProcessEngine(model, None, cfg=InProcessEngineConfig(max_seq_len=64, cpu_kernels=setting))
         try:
-            assert (engine._decode_attention is not None) == (setting == "native")
+            assert (engine._kernels is not None) == (setting == "native")
             return await asyncio.gather(*(engine.generate(r) for r in reqs))
         finally:
             await engine.close()
 
-    native, sdpa = asyncio.run(run("native")), asyncio.run(run("sdpa"))
-    for a, b in zip(native, sdpa, strict=True):
+    native, reference = asyncio.run(run("native")), asyncio.run(run("torch"))
+    for a, b in zip(native, reference, strict=True):
         assert a.output_ids == b.output_ids
         assert a.output_logprobs == pytest.approx(b.output_logprobs, abs=1e-5)

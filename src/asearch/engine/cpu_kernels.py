@@ -2,7 +2,7 @@
 
 The source is compiled once per process, at first use, by the system C compiler (`$CC`, else `cc`, about
 half a second) for the host CPU (`-march=native`). Where no compiler is found or the build fails, `load()`
-returns None and the engine keeps torch's kernels (`cpu_attention: auto`); docs/engines.md has the figures.
+returns None and the engine keeps torch's kernels (`cpu_kernels: auto`); docs/engines.md has the figures.
 """
 
 from __future__ import annotations
@@ -29,9 +29,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
-# -ffast-math vectorises the dot products, sums and expf (glibc's vector expf); it is given to the compile
-# step only: linked with it, the library would pull in crtfastmath.o, which flushes denormals process-wide.
-COMPILE_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fPIC")
+# Reassociation lets the dot products and sums vectorise, -fopenmp-simd glibc's vector expf; not -ffast-math,
+# which assumes no inf/NaN and, linked in, flushes denormals process-wide.
+COMPILE_FLAGS = (
+    "-O3", "-march=native", "-fPIC", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros",
+    "-fassociative-math", "-freciprocal-math", "-ffp-contract=fast",
+)  # fmt: skip
 
 _lock = threading.Lock()
 _state: dict[str, ctypes.CDLL | None] = {}
@@ -48,7 +51,7 @@ def load() -> ctypes.CDLL | None:
 def _build() -> ctypes.CDLL | None:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        log.info("no C compiler found: the decode step uses torch's attention kernel")
+        log.info("no C compiler found: the decode step uses torch's kernels")
         return None
     with tempfile.TemporaryDirectory(prefix="asearch-kernels-") as tmp:
         obj, lib_path = Path(tmp) / "cpu_kernels.o", Path(tmp) / "cpu_kernels.so"
@@ -62,58 +65,81 @@ def _build() -> ctypes.CDLL | None:
         except (OSError, subprocess.SubprocessError) as e:
             detail = getattr(e, "stderr", "") or e
             log.warning(
-                "building %s failed, the decode step uses torch's attention kernel: %s", SOURCE.name, detail
+                "building %s failed, the decode step uses torch's kernels: %s", SOURCE.name, detail
             )
             return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.decode_attention.argtypes = [ptr, i64, ptr, i64, i64, i64, i64, ptr, i64, i64, i64, i64, ctypes.c_float, ptr]  # fmt: skip
-    lib.decode_attention.restype = ctypes.c_int
+    lib.decode_attention.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, i64, ptr, i64, i64, i64, i64, ctypes.c_float, ptr]  # fmt: skip
+    lib.sample_rows.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ptr]
+    lib.decode_attention.restype = lib.sample_rows.restype = ctypes.c_int
     return lib
 
 
-def decode_attention_for(
-    setting: str, spec: DecoderSpec, device: torch.device, dtype: torch.dtype
-) -> DecodeAttention | None:
-    """The engine's `cpu_attention` resolved: the C kernel (CPU and float32, unless `sdpa`), or None for torch's."""
+def kernels_for(setting: str, device: torch.device, dtype: torch.dtype) -> CpuKernels | None:
+    """The engine's `cpu_kernels` resolved: the C kernels (CPU and float32, unless `torch`), or None."""
     import torch
 
-    if setting == "sdpa" or device.type != "cpu" or dtype != torch.float32:
+    if setting == "torch" or device.type != "cpu" or dtype != torch.float32:
         return None
     lib = load()
     if lib is None:
         if setting == "native":
-            raise ConfigError(
-                "cpu_attention=native: the C decode kernel could not be built (see the log); use auto or sdpa"
-            )
+            raise ConfigError("cpu_kernels=native: the C kernels could not be built (see the log); use auto or torch")
         return None
-    return DecodeAttention(lib, spec.heads, spec.kv_heads, spec.head_dim)
+    return CpuKernels(lib)
+
+
+class CpuKernels:
+    """The decode step's C kernels, float32 on the CPU. Same results as torch's path up to float32 rounding
+    (other summation orders)."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        self.lib = lib
+
+    def decode_attention(self, spec: DecoderSpec) -> DecodeAttention:
+        return DecodeAttention(self.lib, spec.heads, spec.kv_heads, spec.head_dim)
+
+    def sample(self, logits: Tensor, temperatures: list[float], uniforms: list[float]) -> tuple[list[int], list[float]]:
+        """One token per row of logits (B, V) and its log-prob: row b at temperatures[b] (0: greedy) drawn
+        by inverse CDF with uniforms[b] (`sampling.sample` without top-k / top-p)."""
+        import torch
+
+        B, V = logits.shape
+        logits = logits.contiguous()
+        temps = torch.tensor(temperatures, dtype=torch.float32)
+        us = torch.tensor(uniforms, dtype=torch.float64)
+        ids, lps = torch.empty(B, dtype=torch.long), torch.empty(B, dtype=torch.float32)
+        if self.lib.sample_rows(logits.data_ptr(), B, V, temps.data_ptr(), us.data_ptr(), ids.data_ptr(), lps.data_ptr()):
+            raise MemoryError("sample_rows could not allocate its scratch")
+        return ids.tolist(), lps.tolist()
 
 
 class DecodeAttention:
-    """Attention of one new token per row over a `SlotKVCache` layer, float32 on the CPU (`cpu_kernels.c`).
-
-    Same result as the decode branch of `decoder.forward` up to float32 rounding (another summation order).
-    """
+    """RoPE, K/V write and attention of one new token per row over a `SlotKVCache` layer (`decoder.forward`'s
+    `decode_attention`)."""
 
     def __init__(self, lib: ctypes.CDLL, heads: int, kv_heads: int, head_dim: int):
         self.lib, self.heads, self.kv_heads, self.head_dim = lib, heads, kv_heads, head_dim
         self.scale = 1.0 / math.sqrt(head_dim)
 
-    def __call__(self, qkv: Tensor, kv: Tensor, last: Tensor) -> Tensor:
-        """qkv: (B, >= heads * head_dim) rows whose first heads * head_dim values are the query heads;
-        kv: (B, 2, kv_heads, length, head_dim), the rows' slots of one layer's cache; last: (B,) int64,
-        the last position each row attends. Returns (B, heads * head_dim)."""
+    def __call__(self, qkv: Tensor, rope: Tensor, kv: Tensor, positions: Tensor) -> Tensor:
+        """qkv: (B, (heads + 2 kv_heads) * head_dim) rows of q | k | v heads, before RoPE; rope: (length, 2,
+        head_dim) cos | signed sin (`RoPE.table`); kv: (B, 2, kv_heads, length, head_dim), the rows' slots of
+        one layer's cache; positions: (B,) int64, where each row's token goes. Writes each row's rotated key
+        and its value at its position, then attends positions 0 .. that one. Returns (B, heads * head_dim)."""
         import torch
 
         B = qkv.shape[0]
-        if qkv.dtype != torch.float32 or kv.dtype != torch.float32 or qkv.stride(1) != 1 or kv.stride(4) != 1:
-            raise ValueError("DecodeAttention needs float32 rows and a cache with contiguous head_dim")
-        last = last.contiguous()
+        tensors = (qkv, rope, kv)
+        if any(t.dtype != torch.float32 for t in tensors) or qkv.stride(1) != 1 or kv.stride(4) != 1 or not rope.is_contiguous():
+            raise ValueError("DecodeAttention needs float32 tensors, rows and cache with contiguous head_dim")
+        positions = positions.contiguous()
         out = torch.empty(B, self.heads * self.head_dim, dtype=torch.float32)
         s_slot, s_kv, s_head, s_pos, _ = kv.stride()
         status = self.lib.decode_attention(
-            qkv.data_ptr(), qkv.stride(0), kv.data_ptr(), s_slot, s_kv, s_head, s_pos, last.data_ptr(),
-            B, self.kv_heads, self.heads // self.kv_heads, self.head_dim, self.scale, out.data_ptr(),
+            qkv.data_ptr(), qkv.stride(0), rope.data_ptr(), kv.data_ptr(), s_slot, s_kv, s_head, s_pos,
+            positions.data_ptr(), B, self.kv_heads, self.heads // self.kv_heads, self.head_dim, self.scale,
+            out.data_ptr(),
         )  # fmt: skip
         if status != 0:
             raise MemoryError("decode_attention could not allocate its scores")

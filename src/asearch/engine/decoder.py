@@ -386,7 +386,7 @@ def forward(
     *,
     n_keys: int | None = None,
     write_slots: Tensor | None = None,
-    decode_attention: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None,
+    decode_attention: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor] | None = None,
 ) -> Tensor:
     """Run `tokens` for the contiguous slots first_slot .. first_slot+B-1 and return next-token logits.
 
@@ -396,8 +396,8 @@ def forward(
     tokens overwrite it), into slot write_slots[b] if given (a CUDA graph's padding rows write to the spare
     slot). Each query attends to cached positions <= its own among the first `n_keys` (default: max(starts)
     + T, read from the device; a caller that knows it saves the sync). `decode_attention` (T == 1 only; a
-    `cpu_kernels.DecodeAttention`) replaces torch's attention kernel. Returns float32 logits (B, vocab) at
-    each row's last real token. All tensors live on the weights' device.
+    `cpu_kernels.DecodeAttention`) replaces RoPE, the K/V write and torch's attention kernel. Returns float32
+    logits (B, vocab) at each row's last real token. All tensors live on the weights' device.
     """
     B, T = tokens.shape
     dev = tokens.device
@@ -407,10 +407,12 @@ def forward(
     if n_keys is None:
         n_keys = int(starts.max()) + T
     cache.ensure(first_slot + B, n_keys)
+    native = decode_attention is not None and T == 1
+    if native and write_slots is not None:
+        raise ValueError("decode_attention writes each row's K/V into its own slot: no write_slots")
     # (B, 1), broadcasts against pos
     rows = write_slots[:, None] if write_slots is not None else torch.arange(first_slot, first_slot + B, device=dev)[:, None]
-    cos_sin = rope.table[pos]  # (B, T, 2, d)
-    native = decode_attention is not None and T == 1
+    cos_sin = None if native else rope.table[pos]  # (B, T, 2, d)
     # Boolean mask, True = attend: key position j is visible to the query at position p iff j <= p.
     mask = None if native else (torch.arange(n_keys, device=dev)[None, None, :] <= pos[:, :, None]).unsqueeze(1)
     x = F.embedding(tokens.reshape(N), w.embed)  # (N, H)
@@ -425,25 +427,17 @@ def forward(
             qkv[..., q_end:k_end] = F.rms_norm(
                 qkv[..., q_end:k_end].view(B, T, nkv, d), (d,), lw.k_norm, spec.rms_eps
             ).view(B, T, -1)
-        rope.apply_(qkv[..., :k_end].view(B, T, nh + nkv, d), cos_sin)  # q and k rotated together, in place
         kvbuf = cache.kv[i]
-        # Advanced indices (rows, pos) around two slices: the indexed view is (B, T, 2, nkv, d), exactly
-        # the k | v part of qkv, so one write stores both.
-        kvbuf[rows, :, :, pos] = qkv[..., q_end:].view(B, T, 2, nkv, d)
-        keys = kvbuf[first_slot : first_slot + B, 0, :, :n_keys]  # (B, nkv, n_keys, d), a view
-        values = kvbuf[first_slot : first_slot + B, 1, :, :n_keys]
-        if native:
+        if native:  # RoPE, the K/V write and attention in one C call
             assert decode_attention is not None
-            attn = decode_attention(qkv.view(B, -1), kvbuf[first_slot : first_slot + B], pos.view(B))
-        elif T == 1:
-            # Decode: the nh / nkv query heads sharing a kv head become that head's "query positions"
-            # (same mask row for all), so each K/V block is read once per kv head rather than per q head.
-            q = qkv[..., :q_end].view(B, nkv, nh // nkv, d)
-            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask).reshape(N, nh * d)
+            attn = decode_attention(qkv.view(B, -1), rope.table, kvbuf[first_slot : first_slot + B], pos.view(B))
         else:
-            q = qkv[..., :q_end].view(B, T, nh, d).transpose(1, 2)  # (B, nh, T, d)
-            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=nkv != nh)
-            attn = attn.transpose(1, 2).reshape(N, nh * d)
+            assert cos_sin is not None and mask is not None
+            rope.apply_(qkv[..., :k_end].view(B, T, nh + nkv, d), cos_sin)  # q and k rotated together, in place
+            # Advanced indices (rows, pos) around two slices: the indexed view is (B, T, 2, nkv, d), exactly
+            # the k | v part of qkv, so one write stores both.
+            kvbuf[rows, :, :, pos] = qkv[..., q_end:].view(B, T, 2, nkv, d)
+            attn = _sdpa(spec, qkv, kvbuf[first_slot : first_slot + B, :, :, :n_keys], mask)
         x = _proj(attn, lw.o_wt, lw.o_b, residual=x)
         h = F.rms_norm(x, (H,), lw.post_norm, spec.rms_eps)
         gate_up = _proj(h, lw.gate_up_wt, lw.gate_up_b)
@@ -456,6 +450,21 @@ def forward(
         last = x.view(B, T, H)[torch.arange(B, device=dev), n_real - 1]
     last = F.rms_norm(last, (H,), w.final_norm, spec.rms_eps)
     return F.linear(last, w.lm_head).float()
+
+
+def _sdpa(spec: DecoderSpec, qkv: Tensor, kv: Tensor, mask: Tensor) -> Tensor:
+    """torch's attention of qkv's query heads (B, T, ...) over kv (B, 2, nkv, n_keys, d) under mask: (B * T, nh * d)."""
+    B, T = qkv.shape[:2]
+    nh, nkv, d = spec.heads, spec.kv_heads, spec.head_dim
+    keys, values = kv[:, 0], kv[:, 1]  # (B, nkv, n_keys, d), views
+    if T == 1:
+        # Decode: the nh / nkv query heads sharing a kv head become that head's "query positions"
+        # (same mask row for all), so each K/V block is read once per kv head rather than per q head.
+        q = qkv[..., : nh * d].view(B, nkv, nh // nkv, d)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask).reshape(B, nh * d)
+    q = qkv[..., : nh * d].view(B, T, nh, d).transpose(1, 2)  # (B, nh, T, d)
+    attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=nkv != nh)
+    return attn.transpose(1, 2).reshape(B * T, nh * d)
 
 
 def _proj(x: Tensor, wt: Tensor, bias: Tensor | None, residual: Tensor | None = None) -> Tensor:

@@ -92,11 +92,12 @@ class InProcessEngineConfig(Config):
         "(captured on first use; removes the per-kernel launch cost); auto: on when the device is CUDA; "
         "ignored on other devices",
     )
-    cpu_attention: Literal["auto", "native", "sdpa"] = Field(
+    cpu_kernels: Literal["auto", "native", "torch"] = Field(
         "auto",
-        description="decode attention on the CPU in float32: native is a C kernel (asearch/engine/cpu_kernels.c) "
-        "built at first use by the system C compiler, sdpa is torch's kernel; auto: native where it builds, "
-        "else sdpa (native errors instead); ignored on other devices and dtypes",
+        description="the decode step's attention (with RoPE and the K/V write) and sampler on the CPU in float32: "
+        "native: C kernels (asearch/engine/cpu_kernels.c) built at first use by the system C compiler; torch: "
+        "torch's ops; auto: native where they build, else torch (native errors instead); ignored on other "
+        "devices and dtypes",
     )
 
 
@@ -173,7 +174,7 @@ class InProcessEngine:
     ):
         import torch
 
-        from asearch.engine.cpu_kernels import decode_attention_for
+        from asearch.engine.cpu_kernels import kernels_for
         from asearch.engine.decoder import DecodeGraphs, DecoderSpec, DecoderWeights, RoPE, SlotKVCache
         from asearch.models.device import resolve_device, resolve_dtype
         from asearch.models.lora import base_model, merged_state_dict
@@ -195,7 +196,8 @@ class InProcessEngine:
             self._cache = SlotKVCache(
                 self.spec, self._dtype, self.cfg.max_batch, self.max_seq_len, self.device, spare_slot=graphs
             )
-        self._decode_attention = decode_attention_for(self.cfg.cpu_attention, self.spec, self.device, self._dtype)
+        self._kernels = kernels_for(self.cfg.cpu_kernels, self.device, self._dtype)
+        self._decode_attention = self._kernels.decode_attention(self.spec) if self._kernels is not None else None
         # CUDA: decode runs on a stream of its own (high priority: a step waits on it), after what the constructor queued
         self._stream = torch.cuda.Stream(self.device, priority=-1) if self.device.type == "cuda" else None
         if self._stream is not None:
@@ -613,7 +615,7 @@ class InProcessEngine:
         if not ready:
             return
         token_ids, token_lps = sample(
-            logits[0] if len(logits) == 1 else torch.cat(logits), [rows[i].sampling for i in ready]
+            logits[0] if len(logits) == 1 else torch.cat(logits), [rows[i].sampling for i in ready], kernels=self._kernels
         )
         self._stats.steps += 1
         self._stats.tokens_generated += len(ready)

@@ -12,9 +12,13 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from asearch.engine.cpu_kernels import CpuKernels
 
 
 @dataclass(slots=True)
@@ -79,15 +83,23 @@ def host_tensor_to(values: list, dtype: torch.dtype, device: torch.device) -> Te
     return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
 
 
-def sample(logits: Tensor, rows: list[RowSampling]) -> tuple[list[int], list[float]]:
+def sample(
+    logits: Tensor, rows: list[RowSampling], *, kernels: CpuKernels | None = None
+) -> tuple[list[int], list[float]]:
     """Draw one token per row of `logits` (B, V float32, on any device); return (token ids, their log-probs).
 
     Each row's log-softmax, its cumulative sum and the draw are batch-wide passes; greedy rows reuse the
     batch's log-softmax (their rows are unscaled and unfiltered); ids and log-probs reach the host in one copy.
+    With `kernels` (CPU logits) a batch without top-k / top-p is drawn by their C sampler, the same draw in
+    two passes over each row.
     """
     B, V = logits.shape
     dev = logits.device
     greedy = [r.temperature == 0.0 for r in rows]
+    if kernels is not None and dev.type == "cpu" and all(r.top_k <= 0 and r.top_p >= 1.0 for r in rows):
+        # the same uniforms as below: one per row unless every row is greedy
+        uniforms = [0.0] * B if all(greedy) else [r.rng.random() for r in rows]
+        return kernels.sample(logits, [r.temperature for r in rows], uniforms)
     if all(greedy):
         lp = torch.log_softmax(logits, dim=-1)
         best = lp.argmax(dim=-1)
