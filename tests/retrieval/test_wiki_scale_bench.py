@@ -11,6 +11,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "wiki_scale.py"
 
@@ -38,6 +40,7 @@ def test_generated_passages_have_wiki18_shape_and_a_zipf_vocabulary():
     assert 6 < counts[0][1] / counts[9][1] < 25
 
 
+@pytest.mark.server  # the benchmark starts `asearch serve` in a subprocess
 def test_the_benchmark_runs_at_a_tiny_size_with_zero_errors(tmp_path):
     out = tmp_path / "res.json"
     cmd = [sys.executable, str(SCRIPT), "--passages", "1500", "--vocab", "20000", "--requests", "80",
