@@ -11,12 +11,11 @@ import os
 import stat
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from asearch.engine.inprocess import InProcessEngineConfig
-from asearch.engine.registry import engine_kind, engine_kinds
+from asearch.engine.registry import ServerLaunch, engine_kind, engine_kinds
 from asearch.engine.sglang_server import SGLangServerConfig, serve_sglang_server, sglang_server_command
 from asearch.engine.supervisor import SupervisorConfig
 from asearch.errors import LaunchError
@@ -46,15 +45,13 @@ def test_it_is_a_registered_rollout_kind() -> None:
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the refusal is for machines without a GPU")
 def test_a_machine_without_a_gpu_is_told_which_kind_to_use(tmp_path) -> None:
     with pytest.raises(LaunchError, match="rollout_servers.kind=sglang "):
-        serve_sglang_server("m", index=0, engine=InProcessEngineConfig(), seed=0, log_path=tmp_path / "log",
-                            cfg=SupervisorConfig())  # fmt: skip
+        serve_sglang_server(ServerLaunch("m", 0, InProcessEngineConfig(), None, 0, tmp_path / "log", SupervisorConfig()))
 
 
 def test_an_interpreter_without_sglang_is_refused_before_launch(tmp_path) -> None:
-    servers = SimpleNamespace(sglang=SGLangServerConfig(device="cpu", python=sys.executable))
+    options = SGLangServerConfig(device="cpu", python=sys.executable)
     with pytest.raises(LaunchError, match="cannot import sglang"):
-        serve_sglang_server("m", index=0, engine=InProcessEngineConfig(), seed=0, log_path=tmp_path / "log",
-                            cfg=SupervisorConfig(), servers=servers)  # fmt: skip
+        serve_sglang_server(ServerLaunch("m", 0, InProcessEngineConfig(), options, 0, tmp_path / "log", SupervisorConfig()))
 
 
 @pytest.mark.server
@@ -66,12 +63,12 @@ def test_a_launched_server_serves_version_0_at_the_run_context(tiny_world_model_
     python.write_text(f'#!/bin/sh\nPYTHONPATH="{STANDIN}:$PYTHONPATH" exec "{sys.executable}" "$@"\n')
     python.chmod(python.stat().st_mode | stat.S_IXUSR)
     argv_log = tmp_path / "argv.jsonl"
-    servers = SimpleNamespace(sglang=SGLangServerConfig(device="cpu", python=str(python), dtype="float32"))
-    sup, url = serve_sglang_server(
-        str(tiny_world_model_dir), index=1, engine=InProcessEngineConfig(max_seq_len=384), seed=5,
-        log_path=tmp_path / "server.log", cfg=SupervisorConfig(health_timeout_s=120), servers=servers,
-        env={"SGLANG_STANDIN_ARGV": str(argv_log), "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+    options = SGLangServerConfig(device="cpu", python=str(python), dtype="float32")
+    sup, url = serve_sglang_server(ServerLaunch(
+        str(tiny_world_model_dir), 1, InProcessEngineConfig(max_seq_len=384), options, 5, tmp_path / "server.log",
+        SupervisorConfig(health_timeout_s=120),
+    ))  # fmt: skip
+    sup.env = {**(sup.env or {}), "SGLANG_STANDIN_ARGV": str(argv_log), "OMP_NUM_THREADS": "1"}
     try:
         sup.start()
         engine = SGLangEngine(url)

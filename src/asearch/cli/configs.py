@@ -43,6 +43,7 @@ def config_model(command: str) -> type:
         "plan": "asearch.launch.train:TrainConfig",
         "demo": "asearch.demo.pipeline:DemoConfig", "index build": "asearch.retrieval.index:IndexConfig",
         "serve": "asearch.retrieval.server:ServerConfig", "sim": "asearch.sim.config:SimConfig",
+        "engine serve": "asearch.cli.engine:ServeConfig",
         "synth": "asearch.synth.config:SynthConfig", "synth run": "asearch.synth.config:SynthConfig",
     }.get(command)  # fmt: skip
     if where is None:

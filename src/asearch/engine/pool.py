@@ -27,12 +27,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import (
+    Field,
+    PrivateAttr,
+    SerializationInfo,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from asearch.config import Config
 from asearch.engine.http import RETRY_STATUS, HttpConfig, RemoteHTTPError
-from asearch.engine.registry import EngineConfig, engine_kind, engine_kinds, make_engine
-from asearch.engine.sglang_server import SGLangServerConfig
+from asearch.engine.registry import (
+    ENGINES,
+    EngineConfig,
+    ServerOptions,
+    engine_kind,
+    engine_kinds,
+    make_engine,
+)
 from asearch.engine.types import (
     UPDATE_KV_HELP,
     Engine,
@@ -41,7 +55,6 @@ from asearch.engine.types import (
     UpdateKV,
     WeightSource,
 )
-from asearch.engine.vllm import VLLMServerConfig
 from asearch.engine.weight_group import Bucket, GroupAddress
 from asearch.errors import RemoteError
 
@@ -105,16 +118,6 @@ class RolloutServersConfig(Config):
         2, ge=2, description="Saved versions kept on disk (the latest is what a restarted server loads)."
     )
     model_name: str = Field("policy", description="vLLM's --served-model-name (kind vllm).")
-    vllm: VLLMServerConfig = Field(
-        default_factory=VLLMServerConfig,
-        description="kind vllm, servers a launcher starts: device (auto/cpu/cuda), dtype, CUDA graphs, GPU memory "
-        "share, tensor parallelism, CPU KV cache (docs/engines-remote.md).",
-    )
-    sglang: SGLangServerConfig = Field(
-        default_factory=SGLangServerConfig,
-        description="kind sglang-server, real SGLang servers a launcher starts: interpreter, device, tensor "
-        "parallelism, memory share, CUDA graphs, more flags (docs/engines-remote.md).",
-    )
     http: HttpConfig = Field(
         default_factory=lambda: HttpConfig(retries=1, max_concurrency=256),
         description="Per server. Few retries: a failed request moves to another server instead.",
@@ -127,6 +130,45 @@ class RolloutServersConfig(Config):
         description=f"{UPDATE_KV_HELP}. Unset: the kind's default (sglang keeps; vllm always recomputes, so keep "
         "with kind vllm is an error)",
     )
+
+    # the options of the servers of every kind that has them, by section (vllm, sglang, ...): `server_options`
+    _server_options: dict[str, ServerOptions] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _server_sections(cls, data: Any, handler: Any) -> RolloutServersConfig:
+        """A section per kind with server options (`vllm:` for kind vllm, `sglang:` for sglang-server, a new
+        kind's own), validated against the options model the kind registered."""
+        if not isinstance(data, dict):
+            return handler(data)  # a RolloutServersConfig already (assignment, model_copy)
+        sections = {spec.server_section: spec.server_options for _, spec in ENGINES.items() if spec.server_options}
+        options: dict[str, ServerOptions] = {}
+        errors: list[Any] = []
+        for section, model in sections.items():
+            given = data.get(section)
+            try:
+                options[section] = given if isinstance(given, model) else model.model_validate(given or {})
+            except ValidationError as e:
+                errors += [{k: err[k] for k in ("type", "input", "ctx") if k in err} | {"loc": (section, *err["loc"])}
+                           for err in e.errors()]  # fmt: skip
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        cfg = handler({k: v for k, v in data.items() if k not in sections})
+        cfg._server_options = options
+        return cfg
+
+    @model_serializer(mode="wrap")
+    def _with_sections(self, handler: Any, info: SerializationInfo) -> dict[str, Any]:
+        out = handler(self)
+        for section, options in self._server_options.items():
+            out[section] = options.model_dump(mode=info.mode, exclude_unset=info.exclude_unset,
+                                              exclude_defaults=info.exclude_defaults, exclude_none=info.exclude_none)  # fmt: skip
+        return out
+
+    def server_options(self, kind: str | None = None) -> ServerOptions | None:
+        """The options of `kind`'s launched servers (default: this config's kind), None for a kind without any."""
+        spec = engine_kind(kind or self.kind)
+        return self._server_options.get(spec.server_section) if spec.server_options else None
 
     @field_validator("kind")
     @classmethod

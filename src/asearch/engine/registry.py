@@ -9,7 +9,9 @@
 A kind's options sit flat beside `kind`, `model` and `base_url`, and are validated against the options
 model the kind registered (`cfg.options` returns it typed); an unknown key names the nearest valid one.
 A kind is one module of `asearch.engine` that calls `@register_engine(...)` on its build function;
-every such module is imported on the first lookup, so a new engine is one new file. Engine modules
+every such module is imported on the first lookup, so a new engine is one new file. A kind whose servers
+a launcher starts gives `serve` (a `ServeHook`: the server of one `ServerLaunch`) and, when its servers take
+options of their own, `server_options` (a `ServerOptions` model: the section `rollout_servers.<section>`). Engine modules
 must stay cheap to import (torch, transformers inside functions): `--help` lists the kinds.
 """
 
@@ -18,7 +20,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from pydantic import Field, PrivateAttr, SerializationInfo, model_serializer, model_validator
 from pydantic_core import PydanticCustomError
@@ -27,10 +30,41 @@ from asearch.config import Config
 from asearch.engine.types import Engine, Tokenizer
 from asearch.registry import Registry
 
+if TYPE_CHECKING:
+    from asearch.engine.supervisor import ServerSupervisor, SupervisorConfig
+
 BuildFn = Callable[..., Any]  # (cfg: EngineConfig, **context) -> an Engine
-# (model, *, index, threads, engine, served_model_name, seed, log_path, cfg, host, cores, servers)
-#   -> (ServerSupervisor, url); `servers` is the run's RolloutServersConfig
-ServeFn = Callable[..., Any]
+
+
+class ServerOptions(Config):
+    """Base of the options of a kind's launched servers (`rollout_servers.<section>`, e.g. `rollout_servers.vllm`)."""
+
+    def gpus_per_server(self) -> int:
+        """GPUs one server spans (its tensor-parallel size); a launcher reserves that many for it."""
+        return 1
+
+
+@dataclass(frozen=True)
+class ServerLaunch:
+    """Rollout server `index` of a run, as a launcher asks a kind's `serve` hook for it."""
+
+    model: str  # the policy's directory (or name) the server loads
+    index: int
+    engine: Any  # the run's InProcessEngineConfig (not imported: inprocess imports this module): length, dtype, ...
+    options: ServerOptions | None  # the kind's section of rollout_servers (None: the kind has none)
+    seed: int  # the run's; a server samples seed + index
+    log_path: Path
+    supervisor: SupervisorConfig
+    threads: int = 1  # allocation.server_threads
+    host: str = "127.0.0.1"
+    served_model_name: str = "policy"
+    cores: int | None = None  # CPU cores of this machine a CPU server binds within (None: os.cpu_count())
+
+
+class ServeHook(Protocol):
+    """A kind's server for one launch: its supervisor (not started) and its base URL."""
+
+    def __call__(self, launch: ServerLaunch) -> tuple[ServerSupervisor, str]: ...
 
 
 @dataclass(frozen=True)
@@ -43,7 +77,9 @@ class EngineKind:
     summary: str  # one line for --help and docs
     needs_url: bool  # a remote kind: engine.base_url is required
     rollouts: bool = False  # token ids, log-probs and weight updates: RL can sample from its servers
-    serve: ServeFn | None = None  # starts one of its servers on this machine (launcher=local / ray)
+    serve: ServeHook | None = None  # builds one of its servers on this machine (launcher=local / ray)
+    server_options: type[ServerOptions] | None = None  # its servers' options, `rollout_servers.<server_section>`
+    server_section: str = ""  # the key of those options (default: the kind's name)
 
 
 # Only the modules that register a kind are imported (found by their source), so listing the kinds for
@@ -58,7 +94,9 @@ def register_engine(
     summary: str,
     needs_url: bool = False,
     rollouts: bool = False,
-    serve: ServeFn | None = None,
+    serve: ServeHook | None = None,
+    server_options: type[ServerOptions] | None = None,
+    server_section: str | None = None,
 ) -> Callable[[BuildFn], BuildFn]:
     """Register the decorated `build(cfg: EngineConfig, **context) -> Engine` as engine `kind`.
 
@@ -66,14 +104,17 @@ def register_engine(
     carries live objects only a caller has (e.g. `supervisors=` for vllm); a build ignores the rest.
     `rollouts`: its servers can be RL rollout servers (token ids, log-probs, weight updates). `serve`,
     for a kind whose servers the launchers can start, returns the supervisor (not started) and base URL
-    of server `index` (see `launch/local.py`).
+    of the server a `ServerLaunch` describes (see `launch/local.py`); `server_options`, the model of those
+    servers' own options, validated under `rollout_servers.<server_section>` (default: `kind`).
     """
     reserved = set(options.model_fields) & set(EngineConfig.model_fields)
     if reserved:
         raise TypeError(f"engine kind {kind!r}: options may not be named {sorted(reserved)} (EngineConfig's own)")
 
     def add(build: BuildFn) -> BuildFn:
-        ENGINES.add(kind, EngineKind(kind, options, build, summary, needs_url, rollouts, serve), origin=build)
+        section = server_section or kind
+        spec = EngineKind(kind, options, build, summary, needs_url, rollouts, serve, server_options, section)
+        ENGINES.add(kind, spec, origin=build)
         return build
 
     return add

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import sys
@@ -618,21 +619,15 @@ def engine_server_command(
     extra_args: Sequence[str] = (),
 ) -> list[str]:
     """The `asearch engine serve` command line, run with this interpreter (no console script needed)."""
-    return [
-        python or sys.executable,
-        "-m",
-        "asearch",
-        "engine",
-        "serve",
-        str(model),
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--threads",
-        str(threads),
-        *extra_args,
-    ]
+    serve = [python or sys.executable, "-m", "asearch", "engine", "serve", str(model), f"engine.threads={threads}"]
+    return [*serve, "--host", host, "--port", str(port), *extra_args]
+
+
+def engine_overrides(cfg: InProcessEngineConfig) -> list[str]:
+    """`engine.KEY=VALUE` for every in-process option `cfg` sets away from its default (`asearch engine serve`'s
+    arguments, as `asearch train` and `eval` take them): the server runs with exactly these options."""
+    values = cfg.model_dump(mode="json", exclude_defaults=True)
+    return [f"engine.{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in values.items()]
 
 
 def engine_server_supervisor(
@@ -647,26 +642,25 @@ def engine_server_supervisor(
     seed: int | None = None,
     weight_version: str | None = None,
     served_model_name: str | None = None,
+    engine: InProcessEngineConfig | None = None,
     extra_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     cfg: SupervisorConfig | None = None,
 ) -> tuple[ServerSupervisor, str]:
     """The supervisor of `asearch engine serve MODEL` on `host` (loopback by default), not yet started,
-    and its base URL. The child gets OMP_NUM_THREADS=threads so its torch pool matches --threads.
+    and its base URL: the in-process options of `engine` (all of them: `engine_overrides`), with `max_batch`,
+    `max_seq_len` and `seed` over them when given. The child gets OMP_NUM_THREADS=threads (engine.threads).
     """
     from asearch.net import free_port
 
     port = port or free_port()
-    args = list(extra_args)
-    for flag, value in (
-        ("--max-batch", max_batch),
-        ("--max-seq-len", max_seq_len),
-        ("--seed", seed),
-        ("--weight-version", weight_version),
-        ("--served-model-name", served_model_name),
-    ):
+    args = [*(engine_overrides(engine) if engine is not None else []), *extra_args]
+    for key, value in (("engine.max_batch", max_batch), ("engine.max_seq_len", max_seq_len), ("engine.seed", seed)):
         if value is not None:
-            args += [flag, str(value)]
+            args.append(f"{key}={value}")
+    for flag, text in (("--weight-version", weight_version), ("--served-model-name", served_model_name)):
+        if text is not None:
+            args += [flag, str(text)]
     sup = ServerSupervisor(
         engine_server_command(model, port=port, host=host, threads=threads, extra_args=args),
         f"http://{host}:{port}/health",

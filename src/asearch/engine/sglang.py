@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
@@ -30,8 +29,8 @@ from asearch.engine.http import (
     ResumableRemoteEngine,
     check_weights_dir,
 )
-from asearch.engine.registry import EngineConfig, register_engine
-from asearch.engine.supervisor import ServerSupervisor, SupervisorConfig
+from asearch.engine.registry import EngineConfig, ServerLaunch, register_engine
+from asearch.engine.supervisor import ServerSupervisor
 from asearch.engine.types import UPDATE_KV_HELP, GenerateRequest, UpdateKV, WeightSource
 from asearch.engine.weight_group import Bucket, GroupAddress
 from asearch.errors import RemoteError
@@ -257,33 +256,23 @@ def _int_label(label: Any) -> int | None:
     return int(label) if isinstance(label, int | str) and str(label).lstrip("-").isdigit() else None
 
 
-def serve_rollout_server(
-    model: str,
-    *,
-    index: int,
-    threads: int,
-    engine: Any,
-    seed: int,
-    log_path: str | os.PathLike[str],
-    cfg: SupervisorConfig,
-    host: str = "127.0.0.1",
-    **context: Any,
-) -> tuple[ServerSupervisor, str]:
-    """Rollout server `index` of a run (not started): `asearch engine serve` (SGLang's API) with `threads`
-    torch threads and the in-process options `engine` (device, batch, length, dtype, prefix cache)."""
+def serve_rollout_server(launch: ServerLaunch) -> tuple[ServerSupervisor, str]:
+    """Rollout server `launch.index` of a run (not started): `asearch engine serve` (SGLang's API) with every
+    in-process option of the run's engine (`engine.*`: batch, length, prefill chunk and budget, device, dtype,
+    prefix cache, ...), `launch.threads` torch threads and a seed of its own."""
     from asearch.engine.server import engine_server_supervisor
 
+    # its own seed (servers sample different streams) and the allocation's threads, not the in-process engine's
+    engine = launch.engine.model_copy(update={"seed": launch.seed + launch.index, "threads": launch.threads})
     return engine_server_supervisor(
-        model,
-        log_path=log_path,
-        host=host,
-        threads=threads,
-        max_batch=engine.max_batch,
-        max_seq_len=engine.max_seq_len,
-        seed=seed + index,  # servers sample different streams for requests without a seed
+        launch.model,
+        log_path=launch.log_path,
+        host=launch.host,
+        threads=launch.threads,
+        engine=engine,
         weight_version="0",  # the launch weights are version 0; tokens made with them say so
-        extra_args=["--device", engine.device, "--dtype", engine.dtype, "--prefix-cache-mb", str(engine.prefix_cache_mb), "--exit-with-parent"],
-        cfg=cfg,
+        extra_args=["--exit-with-parent"],
+        cfg=launch.supervisor,
     )
 
 

@@ -17,15 +17,13 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import Field
 
-from asearch.config import Config
-from asearch.engine.registry import EngineConfig, register_engine
+from asearch.engine.registry import EngineConfig, ServerLaunch, ServerOptions, register_engine
 from asearch.engine.sglang import SGLangEngine, SGLangEngineConfig, build_sglang
-from asearch.engine.supervisor import ServerSupervisor, SupervisorConfig
+from asearch.engine.supervisor import ServerSupervisor
 from asearch.engine.vllm import server_gpus
 from asearch.errors import LaunchError
 from asearch.net import free_port
@@ -33,7 +31,7 @@ from asearch.net import free_port
 log = logging.getLogger(__name__)
 
 
-class SGLangServerConfig(Config):
+class SGLangServerConfig(ServerOptions):
     """How a launcher starts a real SGLang server (`rollout_servers.sglang`, kind `sglang-server`)."""
 
     python: str | None = Field(
@@ -55,6 +53,9 @@ class SGLangServerConfig(Config):
     extra_args: list[str] = Field(
         default_factory=list, description="More SGLang flags, appended as given (e.g. [--attention-backend, fa3])."
     )
+
+    def gpus_per_server(self) -> int:
+        return self.tp_size
 
 
 def sglang_server_command(
@@ -112,37 +113,26 @@ def check_sglang_installed(python: str | None) -> None:
         )
 
 
-def serve_sglang_server(
-    model: str,
-    *,
-    index: int,
-    engine: Any,
-    seed: int,
-    log_path: str | os.PathLike[str],
-    cfg: SupervisorConfig,
-    host: str = "127.0.0.1",
-    servers: Any = None,
-    served_model_name: str | None = None,
-    env: Mapping[str, str] | None = None,
-    **context: Any,
-) -> tuple[ServerSupervisor, str]:
-    """Rollout server `index` of a run (not started): SGLang with `servers.sglang`'s settings on `tp_size` GPUs of
-    its own, the run's context length (`engine.max_seq_len`) and seed."""
-    server: SGLangServerConfig = getattr(servers, "sglang", None) or SGLangServerConfig()
+def serve_sglang_server(launch: ServerLaunch) -> tuple[ServerSupervisor, str]:
+    """Rollout server `launch.index` of a run (not started): SGLang with `rollout_servers.sglang`'s settings on
+    `tp_size` GPUs of its own, the run's context length (`engine.max_seq_len`) and seed."""
+    server = launch.options if isinstance(launch.options, SGLangServerConfig) else SGLangServerConfig()
+    index, host, engine, seed = launch.index, launch.host, launch.engine, launch.seed
     device = sglang_device(server)
     check_sglang_installed(server.python)
     port = free_port(host)
-    child_env = dict(env or {})
+    child_env: dict[str, str] = {}
     if device == "cuda":
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         child_env["CUDA_VISIBLE_DEVICES"] = server_gpus(index, server.tp_size, visible)
     cmd = sglang_server_command(
-        model, port=port, host=host, server=server, device=device, context_length=engine.max_seq_len,
-        seed=seed + index, served_model_name=served_model_name,
+        launch.model, port=port, host=host, server=server, device=device, context_length=engine.max_seq_len,
+        seed=seed + index, served_model_name=launch.served_model_name,
     )  # fmt: skip
     log.info("SGLang server %d on %s:%d (%s, tp %d): %s", index, host, port, device, server.tp_size, " ".join(cmd))
     sup = ServerSupervisor(
-        cmd, f"http://{host}:{port}/health", log_path=log_path, env=child_env, cfg=cfg, name=f"sglang:{port}"
+        cmd, f"http://{host}:{port}/health", log_path=launch.log_path, env=child_env, cfg=launch.supervisor,
+        name=f"sglang:{port}",
     )
     return sup, f"http://{host}:{port}"
 
@@ -153,6 +143,8 @@ def serve_sglang_server(
     needs_url=True,
     rollouts=True,
     serve=serve_sglang_server,
+    server_options=SGLangServerConfig,
+    server_section="sglang",
     summary="a real SGLang server a launcher starts (python -m sglang.launch_server; GPU), SGLang's native API",
 )
 def build_sglang_server(cfg: EngineConfig, **context: Any) -> SGLangEngine:

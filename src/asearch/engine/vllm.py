@@ -33,7 +33,7 @@ from asearch.engine.http import (
     check_weights_dir,
     ties_embeddings,
 )
-from asearch.engine.registry import EngineConfig, register_engine
+from asearch.engine.registry import EngineConfig, ServerLaunch, ServerOptions, register_engine
 from asearch.engine.supervisor import ServerSupervisor, SupervisorConfig
 from asearch.engine.types import GenerateRequest, WeightSource
 from asearch.engine.weight_group import Bucket, GroupAddress
@@ -387,7 +387,7 @@ def default_vllm_python() -> str:
     )
 
 
-class VLLMServerConfig(Config):
+class VLLMServerConfig(ServerOptions):
     """How a vLLM server is started (`vllm_server_command`, `vllm_server_env`): the device and its settings.
 
     cuda: bfloat16, CUDA graphs, `gpu_memory_utilization` of the GPU, `tensor_parallel_size` GPUs.
@@ -429,6 +429,9 @@ class VLLMServerConfig(Config):
         default_factory=list,
         description="More vLLM server flags, appended as given (e.g. [--max-num-seqs, '64']).",
     )
+
+    def gpus_per_server(self) -> int:
+        return self.tensor_parallel_size
 
     def dtype_on(self, device: VLLMDevice) -> str:
         return self.dtype if self.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
@@ -627,25 +630,13 @@ def server_gpus(index: int, per_server: int, visible: str | None) -> str:
     return ",".join(ids[first : first + per_server] if len(ids) >= first + per_server else ids)
 
 
-def serve_rollout_server(
-    model: str,
-    *,
-    index: int,
-    threads: int,
-    engine: Any,
-    served_model_name: str,
-    log_path: str | os.PathLike[str],
-    cfg: SupervisorConfig,
-    host: str = "127.0.0.1",
-    cores: int | None = None,
-    servers: Any = None,
-    **context: Any,
-) -> tuple[ServerSupervisor, str]:
-    """Rollout server `index` of a run (not started), with the settings of `servers.vllm` (a
-    `RolloutServersConfig`). On cpu it gets `threads` cores of its own when there are enough, on cuda
+def serve_rollout_server(launch: ServerLaunch) -> tuple[ServerSupervisor, str]:
+    """Rollout server `launch.index` of a run (not started), with the settings of `rollout_servers.vllm`
+    (`launch.options`). On cpu it gets `threads` cores of its own when there are enough, on cuda
     `tensor_parallel_size` GPUs of its own. `engine` (the in-process options) gives its context length, and
-    its dtype when that is set and `servers.vllm.dtype` is auto."""
-    server: VLLMServerConfig = getattr(servers, "vllm", None) or VLLMServerConfig()
+    its dtype when that is set and `rollout_servers.vllm.dtype` is auto."""
+    server = launch.options if isinstance(launch.options, VLLMServerConfig) else VLLMServerConfig()
+    index, threads, engine = launch.index, launch.threads, launch.engine
     python = default_vllm_python()
     device = vllm_device(server.device, python)
     engine_dtype = engine.dtype if "dtype" in engine.model_fields_set else "auto"  # set by the user
@@ -655,20 +646,20 @@ def serve_rollout_server(
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         env = {"CUDA_VISIBLE_DEVICES": server_gpus(index, server.tensor_parallel_size, visible)}
     else:
-        cores = cores or os.cpu_count() or 1
+        cores = launch.cores or os.cpu_count() or 1
         first = (index * threads) % cores
         last = min(first + threads, cores) - 1
         env = {"VLLM_CPU_OMP_THREADS_BIND": f"{first}-{last}"}
     return vllm_server_supervisor(
-        model,
-        log_path=log_path,
-        host=host,
-        served_model_name=served_model_name,
+        launch.model,
+        log_path=launch.log_path,
+        host=launch.host,
+        served_model_name=launch.served_model_name,
         python=python,
         max_model_len=engine.max_seq_len,
         server=server.model_copy(update={"device": device}),
         env=env,
-        cfg=cfg,
+        cfg=launch.supervisor,
     )
 
 
@@ -678,6 +669,7 @@ def serve_rollout_server(
     needs_url=True,
     rollouts=True,
     serve=serve_rollout_server,
+    server_options=VLLMServerConfig,
     summary="a vLLM OpenAI server (token ids, log-probs, weight updates); model = its served name",
 )
 def build_vllm(

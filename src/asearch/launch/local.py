@@ -122,16 +122,16 @@ def rollout_server_supervisor(
     """Rollout server `i` of a run, not yet started, and its base URL: the server of engine kind
     `servers.kind` (its `serve` hook in the engine registry). Both launchers start servers through this.
     `gpus`: the GPU ids its process sees (CUDA_VISIBLE_DEVICES); None: those of this process."""
-    from asearch.engine.registry import engine_kind
+    from asearch.engine.registry import ServerLaunch, engine_kind
     from asearch.errors import LaunchError
 
     serve = engine_kind(servers.kind).serve
     if serve is None:
         raise LaunchError(f"engine kind {servers.kind!r} has no server a launcher can start")
-    sup, url = serve(
-        model, index=i, threads=allocation.server_threads, engine=engine, served_model_name=servers.model_name,
-        seed=seed, log_path=log_path, cfg=cfg, host=host, cores=cores, servers=servers,
-    )  # fmt: skip
+    sup, url = serve(ServerLaunch(
+        model, i, engine, servers.server_options(), seed, Path(log_path), cfg, threads=allocation.server_threads,
+        host=host, served_model_name=servers.model_name, cores=cores,
+    ))  # fmt: skip
     if gpus is not None:
         sup.env = {**(sup.env or {}), "CUDA_VISIBLE_DEVICES": ",".join(gpus)}
     return sup, url

@@ -456,7 +456,7 @@ def server_settings(cfg: TrainConfig, *, cuda: bool) -> ServerSettings:
         prefix_cache_bytes=int(e.prefix_cache_mb * (1 << 20)),
     )
     if servers is not None and servers.kind == "vllm":
-        v = servers.vllm
+        v: Any = servers.server_options("vllm")  # VLLMServerConfig: rollout_servers.vllm
         return ServerSettings(kind="vllm", tensor_parallel=v.tensor_parallel_size, gpu_memory_utilization=v.gpu_memory_utilization,
                               **{**common, "dtype_bytes": _DTYPE_BYTES.get(v.dtype, 2 if cuda else 4)})  # fmt: skip
     return ServerSettings(**common)

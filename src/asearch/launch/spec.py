@@ -52,11 +52,8 @@ NOT_FORWARDED_ENV = ("CUDA_VISIBLE_DEVICES",)
 
 def server_tensor_parallel(servers: RolloutServersConfig) -> int:
     """GPUs one rollout server of this kind spans (its tensor-parallel size; 1 for kinds without one)."""
-    if servers.kind == "vllm":
-        return int(servers.vllm.tensor_parallel_size)
-    if servers.kind == "sglang-server":  # a real SGLang server (`rollout_servers.sglang`)
-        return int(servers.sglang.tp_size)
-    return 1
+    options = servers.server_options()  # the kind's own (`rollout_servers.vllm`, `rollout_servers.sglang`, ...)
+    return options.gpus_per_server() if options is not None else 1
 
 
 def forwarded(name: str) -> bool:

@@ -38,7 +38,7 @@ from asearch.engine.registry import EngineConfig
 from asearch.engine.types import Engine, Tokenizer
 from asearch.errors import ConfigError
 from asearch.launch.registry import launcher_names, launcher_type, make_launcher
-from asearch.launch.spec import Allocation, Launcher
+from asearch.launch.spec import Allocation, Launcher, server_tensor_parallel
 from asearch.metrics.reward import RewardConfig
 from asearch.rl.checkpoint import resume_from_checkpoint
 from asearch.rl.loop import EvalSchedule, LoopConfig, TrainingLoop, write_summary
@@ -386,7 +386,7 @@ async def rollout_engine(
     weights: DiskWeights | CollectiveWeights
     weights = disk = DiskWeights(engine, trainer, tokenizer, run / "weights", servers.keep_weights, servers.weights_disk_dtype)
     if servers.weights == "collective" and engine.supports_weight_group() and hasattr(trainer, "broadcast_weights_or_leave"):
-        tp = {"vllm": servers.vllm.tensor_parallel_size, "sglang-server": servers.sglang.tp_size}.get(servers.kind, 1)
+        tp = server_tensor_parallel(servers)
         weights = CollectiveWeights(
             engine, trainer, disk, list(urls), servers.weights_bucket_mb, servers.weights_dtype, servers.weights_timeout_s, tp,
             None if servers.weights_backend == "auto" else servers.weights_backend,
