@@ -391,14 +391,8 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
     model, tokenizer = _load_tiny(model_dir, cfg.attention)
     heldout_records = load_dataset(str(data_dir / "heldout.jsonl"))
 
-    # ---- 4. held-out accuracy before RL (its episodes' rows first: sft.json marks the step done)
-    if "heldout_acc_before" not in start:
-        log(f"[4/6] held-out accuracy before RL (greedy, {len(heldout_records)} questions)")
-        episodes = _heldout(model, tokenizer, layout.heldout_tools, heldout_records, cfg)
-        write_episode_rows(run.path / "heldout_before.jsonl", _episode_rows(episodes, heldout_records))
-        start["heldout_acc_before"] = episodes.mean_score
-        atomic_write_json(model_dir / "sft.json", start)
-    before = start["heldout_acc_before"]
+    # ---- 4. held-out accuracy before RL
+    before = _heldout_before(cfg, layout, run, start, model, tokenizer, heldout_records, log)
     log(f"      before: {before:.3f}")
 
     # ---- 5. asynchronous RL (resumes from rl/checkpoints)
@@ -414,7 +408,36 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
     write_episode_rows(run.path / "heldout_after.jsonl", rows_after)
     after = episodes.mean_score
     log(f"[6/6] held-out accuracy after RL: {after:.3f} (before {before:.3f})")
-    summary = {
+    wall_seconds = time.perf_counter() - t_start + (start["wall_seconds"] if resumed else 0.0)
+    summary = _summary(cfg, start, rl_summary, before, after, model, len(heldout_records),
+                       wall_seconds=wall_seconds, resumed=resumed)  # fmt: skip
+    summary |= horizon_summary(rows_after, _rows_if_any(run.path / "heldout_before.jsonl"))
+    _write_figures_and_report(cfg, run, rl_run, summary)
+    run.write_summary(summary)  # last: its presence marks the run finished
+    return summary
+
+
+def _heldout_before(
+    cfg: DemoConfig, layout: _Layout, run: RunDir, start: dict[str, Any], model: Any, tokenizer: Any,
+    records: list[QARecord], log: Log,
+) -> float:  # fmt: skip
+    """Step 4: greedy held-out accuracy of the supervised start, once (its episodes' rows first, then sft.json
+    records it: the step is done)."""
+    if "heldout_acc_before" not in start:
+        log(f"[4/6] held-out accuracy before RL (greedy, {len(records)} questions)")
+        episodes = _heldout(model, tokenizer, layout.heldout_tools, records, cfg)
+        write_episode_rows(run.path / "heldout_before.jsonl", _episode_rows(episodes, records))
+        start["heldout_acc_before"] = episodes.mean_score
+        atomic_write_json(run.path / "model-sft" / "sft.json", start)
+    return start["heldout_acc_before"]
+
+
+def _summary(
+    cfg: DemoConfig, start: dict[str, Any], rl_summary: dict[str, Any], before: float, after: float, model: Any,
+    heldout_questions: int, *, wall_seconds: float, resumed: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """summary.json's figures, but the horizon's."""
+    return {
         "seed": cfg.seed,
         "heldout_acc_before": before,
         "heldout_acc_after": after,
@@ -424,23 +447,25 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
         "sft_seconds": start["sft_seconds"],
         "sft_final_loss": start["sft_final_loss"],
         # resumed: this process's time plus the supervised start's (RL time before the interruption not counted)
-        "wall_seconds": time.perf_counter() - t_start + (start["wall_seconds"] if resumed else 0.0),
+        "wall_seconds": wall_seconds,
         "resumed": resumed,
         "parameters": sum(p.numel() for n, p in model.named_parameters() if ".lora_" not in n),  # the model's own
         "expert_mean_tokens": start["expert_mean_tokens"],
-        "heldout_questions": len(heldout_records),
+        "heldout_questions": heldout_questions,
         "rejected_groups": rl_summary["rejected_groups"],
         "episodes_generated": rl_summary.get("episodes_generated", 0),
         "episodes_kept": rl_summary.get("episodes_kept", 0),
-        **horizon_summary(rows_after, _rows_if_any(run.path / "heldout_before.jsonl")),
     }
+
+
+def _write_figures_and_report(cfg: DemoConfig, run: RunDir, rl_run: RunDir, summary: dict[str, Any]) -> None:
+    """curve.png (held-out accuracy along RL), horizon.png and report.md."""
     from asearch.demo.report import write_horizon_plot, write_plot, write_report
 
+    before, after = summary["heldout_acc_before"], summary["heldout_acc_after"]
     write_plot(rl_run.metrics(), run.path / "curve.png", before=before, after=after, temperature=cfg.rl.agent.temperature)
     write_horizon_plot(run.path / "horizon.png", summary.get("horizon_before"), summary["horizon"])
     write_report(run.path / "report.md", summary, cfg)
-    run.write_summary(summary)  # last: its presence marks the run finished
-    return summary
 
 
 def _supervised_start(cfg: DemoConfig, layout: _Layout, run: RunDir, log: Log) -> dict[str, Any]:
