@@ -191,9 +191,15 @@ controller = SimpleNamespace(rejected={}, masked_episodes=0, masked_by_kind={}, 
 metrics = rollout_metrics([SimpleNamespace(trajectories=[traj])], 0, controller, SimpleNamespace(rejected={}))
 record = {"dataset": "d", "id": "q", "pass": 0, "counters": {"lookups": 2}, "num_turns": 2, "prediction": "x",
           "em": 1.0, "f1": 1.0, "cem": 1.0}
-report = render_markdown(summarize([record], k=1))
+summary = summarize([record], k=1)
+report = render_markdown(summary)
+from asearch.metrics.counters import tool_calls_text
+from asearch.view.pages import CHARTS
+
+charted = [c.title for c in CHARTS for k in c.keys if k.endswith("/") and "rollout/tool_calls/lookups".startswith(k)]
 out["tool"] = {"observation": obs.text, "counters": tool_counters(), "metric": metrics.get("rollout/tool_calls/lookups"),
-               "report": "lookups 2.0" in report}
+               "report": "lookups 2.0" in report, "viewer": tool_calls_text(summary["overall"]["stats"]),
+               "charted": charted}
 
 from asearch.engine.inprocess import InProcessEngineConfig
 from asearch.engine.pool import RolloutServersConfig, open_pool
@@ -264,6 +270,7 @@ def test_a_new_tool_is_usable_and_its_counter_reaches_metrics_and_report(dropped
     tool = dropped["tool"]
     assert tool["observation"] == "OSLO?" and tool["counters"] == ["searches", "accesses", "finds", "lookups"]
     assert tool["metric"] == 2.0 and tool["report"]  # rollout/tool_calls/lookups; the report's tool calls column
+    assert tool["viewer"] == "lookups 2.0" and tool["charted"] == ["Tool calls per episode"]  # the viewer's cell, chart
 
 
 def test_a_new_engine_kind_serves_rollouts_with_its_own_server_options(dropped: dict[str, Any]) -> None:
