@@ -48,7 +48,8 @@ def decoder_parts(model):
 def test_native_decode_matches_sdpa_on_ragged_rows(heads, kv_heads, head_dim, qwen3):
     model = tiny_qwen(heads, kv_heads, head_dim, qwen3=qwen3)
     spec, weights, rope = decoder_parts(model)
-    attend = cpu_kernels.CpuKernels(cpu_kernels.load()).decode_attention(spec)
+    kernels = cpu_kernels.CpuKernels(cpu_kernels.load())
+    attend = kernels.decode_attention(spec)
     caches = [SlotKVCache(spec, torch.float32, max_slots=8, max_len=128) for _ in range(2)]
     g = torch.Generator().manual_seed(0)
     lens = [21, 5, 40, 1]  # rows of slots 1..4 (first_slot 1 must be honoured)
@@ -66,7 +67,8 @@ def test_native_decode_matches_sdpa_on_ragged_rows(heads, kv_heads, head_dim, qw
             starts = torch.tensor(lens)
             want = forward(spec, weights, rope, caches[0], 1, tokens, starts, None, n_keys=max(lens) + 1)
             got = forward(
-                spec, weights, rope, caches[1], 1, tokens, starts, None, n_keys=max(lens) + 1, decode_attention=attend
+                spec, weights, rope, caches[1], 1, tokens, starts, None, n_keys=max(lens) + 1,
+                decode_attention=attend, rms_norm=kernels.rms_norm,
             )  # fmt: skip
             worst = max(worst, (torch.log_softmax(got, -1) - torch.log_softmax(want, -1)).abs().max().item())
             lens = [n + 1 for n in lens]
@@ -74,6 +76,16 @@ def test_native_decode_matches_sdpa_on_ragged_rows(heads, kv_heads, head_dim, qw
     for a, b in zip(caches[0].kv, caches[1].kv, strict=True):  # the new tokens' K/V were rotated and written alike
         for row, n in enumerate(lens):
             assert torch.allclose(a[1 + row, :, :, :n], b[1 + row, :, :, :n], atol=1e-5)
+
+
+@needs_kernels
+def test_native_rms_norm_matches_torch():
+    kernels = cpu_kernels.CpuKernels(cpu_kernels.load())
+    g = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(7, 2 * 37, generator=g) * 3, torch.randn(37, generator=g)
+    rows = x[:, :37]  # rows with a stride past their width
+    got = kernels.rms_norm(rows, weight, 1e-6)
+    assert torch.allclose(got, torch.nn.functional.rms_norm(rows, (37,), weight, 1e-6), atol=1e-6, rtol=1e-5)
 
 
 @needs_kernels

@@ -5,6 +5,8 @@
    again in two tiny GEMM calls per (row, KV head). This kernel reads each row's keys once for all the query
    heads that share them, and prefetches the next (row, KV head)'s keys and values while it computes.
 
+   rms_norm: RMSNorm of each row in one pass (torch's CPU rms_norm is five ops).
+
    sample_rows: the sampler's temperature, log-softmax and inverse-CDF draw in two passes over each row.
 
    Compiled with reassociation (vectorised sums) but not -ffast-math: infinities and NaN keep their
@@ -101,6 +103,18 @@ int decode_attention(const float *restrict qkv, int64_t q_row, const float *rest
   }
   free(scores);
   return 0;
+}
+
+/* out (rows, h) contiguous = x * w / sqrt(mean(x^2) + eps) per row; row r of x at x + r * x_row. */
+void rms_norm(const float *restrict x, int64_t rows, int64_t h, int64_t x_row, const float *restrict w, float eps,
+              float *restrict out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *xr = x + r * x_row;
+    float *o = out + r * h, ss = 0.f;
+    for (int64_t c = 0; c < h; ++c) ss += xr[c] * xr[c];
+    const float inv = 1.f / sqrtf(ss / (float)h + eps);
+    for (int64_t c = 0; c < h; ++c) o[c] = xr[c] * inv * w[c];
+  }
 }
 
 /* The largest value of x[0 .. n-1] (-inf when n == 0), in 16 independent lanes so that it vectorises */

@@ -71,6 +71,8 @@ def _build() -> ctypes.CDLL | None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.decode_attention.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, i64, ptr, i64, i64, i64, i64, ctypes.c_float, ptr]  # fmt: skip
     lib.sample_rows.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ptr]
+    lib.rms_norm.argtypes = [ptr, i64, i64, i64, ptr, ctypes.c_float, ptr]
+    lib.rms_norm.restype = None
     lib.decode_attention.restype = lib.sample_rows.restype = ctypes.c_int
     return lib
 
@@ -98,6 +100,17 @@ class CpuKernels:
 
     def decode_attention(self, spec: DecoderSpec) -> DecodeAttention:
         return DecodeAttention(self.lib, spec.heads, spec.kv_heads, spec.head_dim)
+
+    def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        """RMSNorm of the rows of x (N, H) float32 with H contiguous (`F.rms_norm(x, (H,), weight, eps)`)."""
+        import torch
+
+        N, H = x.shape
+        if x.dtype != torch.float32 or weight.dtype != torch.float32 or x.stride(1) != 1 or not weight.is_contiguous():
+            raise ValueError("rms_norm needs float32 rows with contiguous features and a contiguous weight")
+        out = torch.empty(N, H, dtype=torch.float32)
+        self.lib.rms_norm(x.data_ptr(), N, H, x.stride(0), weight.data_ptr(), eps, out.data_ptr())
+        return out
 
     def sample(self, logits: Tensor, temperatures: list[float], uniforms: list[float]) -> tuple[list[int], list[float]]:
         """One token per row of logits (B, V) and its log-prob: row b at temperatures[b] (0: greedy) drawn

@@ -387,6 +387,7 @@ def forward(
     n_keys: int | None = None,
     write_slots: Tensor | None = None,
     decode_attention: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor] | None = None,
+    rms_norm: Callable[[Tensor, Tensor, float], Tensor] | None = None,
 ) -> Tensor:
     """Run `tokens` for the contiguous slots first_slot .. first_slot+B-1 and return next-token logits.
 
@@ -396,8 +397,9 @@ def forward(
     tokens overwrite it), into slot write_slots[b] if given (a CUDA graph's padding rows write to the spare
     slot). Each query attends to cached positions <= its own among the first `n_keys` (default: max(starts)
     + T, read from the device; a caller that knows it saves the sync). `decode_attention` (T == 1 only; a
-    `cpu_kernels.DecodeAttention`) replaces RoPE, the K/V write and torch's attention kernel. Returns float32
-    logits (B, vocab) at each row's last real token. All tensors live on the weights' device.
+    `cpu_kernels.DecodeAttention`) replaces RoPE, the K/V write and torch's attention kernel, `rms_norm`
+    (`cpu_kernels.CpuKernels.rms_norm`) the layers' and the final norms. Returns float32 logits (B, vocab) at
+    each row's last real token. All tensors live on the weights' device.
     """
     B, T = tokens.shape
     dev = tokens.device
@@ -415,10 +417,11 @@ def forward(
     cos_sin = None if native else rope.table[pos]  # (B, T, 2, d)
     # Boolean mask, True = attend: key position j is visible to the query at position p iff j <= p.
     mask = None if native else (torch.arange(n_keys, device=dev)[None, None, :] <= pos[:, :, None]).unsqueeze(1)
+    norm = rms_norm if rms_norm is not None else _rms_norm
     x = F.embedding(tokens.reshape(N), w.embed)  # (N, H)
     q_end, k_end = nh * d, (nh + nkv) * d
     for i, lw in enumerate(w.layers):
-        h = F.rms_norm(x, (H,), lw.in_norm, spec.rms_eps)
+        h = norm(x, lw.in_norm, spec.rms_eps)
         qkv = _proj(h, lw.qkv_wt, lw.qkv_b).view(B, T, -1)  # (B, T, (nh + 2 nkv) d): q | k | v
         if lw.q_norm is not None:
             qkv[..., :q_end] = F.rms_norm(
@@ -439,7 +442,7 @@ def forward(
             kvbuf[rows, :, :, pos] = qkv[..., q_end:].view(B, T, 2, nkv, d)
             attn = _sdpa(spec, qkv, kvbuf[first_slot : first_slot + B, :, :, :n_keys], mask)
         x = _proj(attn, lw.o_wt, lw.o_b, residual=x)
-        h = F.rms_norm(x, (H,), lw.post_norm, spec.rms_eps)
+        h = norm(x, lw.post_norm, spec.rms_eps)
         gate_up = _proj(h, lw.gate_up_wt, lw.gate_up_b)
         inter = gate_up.shape[-1] // 2
         act = F.silu(gate_up[:, :inter]).mul_(gate_up[:, inter:])
@@ -448,8 +451,12 @@ def forward(
         last = x.view(B, T, H)[:, -1]
     else:  # (B, H): only the rows' last real tokens need logits
         last = x.view(B, T, H)[torch.arange(B, device=dev), n_real - 1]
-    last = F.rms_norm(last, (H,), w.final_norm, spec.rms_eps)
+    last = norm(last, w.final_norm, spec.rms_eps)
     return F.linear(last, w.lm_head).float()
+
+
+def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 def _sdpa(spec: DecoderSpec, qkv: Tensor, kv: Tensor, mask: Tensor) -> Tensor:

@@ -94,7 +94,8 @@ class InProcessEngineConfig(Config):
     )
     cpu_kernels: Literal["auto", "native", "torch"] = Field(
         "auto",
-        description="the decode step's attention (with RoPE and the K/V write) and sampler on the CPU in float32: "
+        description="the decode step's attention (with RoPE and the K/V write), RMS norms and sampler on the CPU "
+        "in float32: "
         "native: C kernels (asearch/engine/cpu_kernels.c) built at first use by the system C compiler; torch: "
         "torch's ops; auto: native where they build, else torch (native errors instead); ignored on other "
         "devices and dtypes",
@@ -673,7 +674,7 @@ class InProcessEngine:
         return forward(
             self.spec, self._weights, self._rope, self._cache, 0, host_tensor_to(tokens, torch.long, dev)[:, None],
             host_tensor_to(starts, torch.long, dev), None, n_keys=max(starts) + 1,
-            decode_attention=self._decode_attention,
+            decode_attention=self._decode_attention, rms_norm=self._kernels.rms_norm if self._kernels else None,
         )  # fmt: skip
 
     def _prefill(self, first: int, logits: list[torch.Tensor], ready: list[int]) -> None:
