@@ -18,7 +18,6 @@ from asearch.demo.worlds import ExpertMistakes, expert_engine, world_records
 from asearch.engine.scripted import ScriptedEngine
 from asearch.engine.types import GenerateRequest, GenerateResponse
 from asearch.metrics.qa import exact_match
-from asearch.models.tiny import train_bpe_tokenizer
 from asearch.rl.sft import trajectories_to_samples
 from asearch.tools import AccessTool, SearchTool, ToolsConfig, build_tools, ensure_index, render
 
@@ -27,7 +26,7 @@ HOPS = tuple(LONG["hops"])
 
 
 @pytest.fixture(scope="module")
-def long_world():
+def long_world(make_tokenizer):
     """A world of the long preset, its questions of 1-6 hops, the preset's tools over it, a tokenizer."""
     world = WorldCorpus(5, 1000, names=255, pages="long")
     records = world_records(5, 1000, 60, HOPS, "t", names=255, pages="long", name_answers=True)
@@ -35,7 +34,7 @@ def long_world():
     ensure_index(tools_cfg.corpus or "", tools_cfg.build, progress=False)
     tools, closers = build_tools(tools_cfg, progress=False)
     pages = [p.contents for p in world.pages()]
-    tok = train_bpe_tokenizer(pages[:400] + [r.question for r in records] + ["<search> </search><access> </access><answer> </answer><summary> </summary>"] * 50 + [d.url for d in world.documents()], vocab_size=1500)
+    tok = make_tokenizer(pages[:400] + [r.question for r in records] + ["<search> </search><access> </access><answer> </answer><summary> </summary>"] * 50 + [d.url for d in world.documents()], vocab_size=1500)
     yield world, records, tools, tok
     for close in closers:
         close()
@@ -170,14 +169,14 @@ def test_compaction_waits_until_the_context_is_full(long_world):
     assert all(t.finish == "answer" for t in trajs)
 
 
-def test_a_70000_character_page_is_read_and_answered_with_the_default_settings():
+def test_a_70000_character_page_is_read_and_answered_with_the_default_settings(make_tokenizer):
     """The default agent (asearcher style) reads a long web page chunk by chunk and answers from its own
     summary of the last chunk; without compaction the same episode runs out of context."""
     words = [f"filler{i % 97}" for i in range(8_000)]
     contents = " ".join(words[:7_000]) + " The vault code is Kestrel. " + " ".join(words[7_000:])
     assert 70_000 <= len(contents) <= 75_000  # three chunks of 25,000 characters, the code in the last
     page = Page(url="https://long.test/page", title="Long page", contents=contents)
-    tok = train_bpe_tokenizer([contents[:20_000], "<access></access><answer></answer><summary></summary> The vault code is"], vocab_size=600)
+    tok = make_tokenizer([contents[:20_000], "<access></access><answer></answer><summary></summary> The vault code is"], vocab_size=600)
 
     class Pages:
         def get(self, url):

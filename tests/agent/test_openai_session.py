@@ -10,6 +10,7 @@ differ from what was sampled: each such call is counted and trained as its own s
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 from copy import deepcopy
 
@@ -38,11 +39,9 @@ DROPS_THINKING = CHATML_TOOLS_TEMPLATE.replace(
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    from asearch.models.tiny import train_bpe_tokenizer
-
+def tokenizer(make_tokenizer):
     texts = ["who built the bridge? Ada built it. <think>plan</think> search the bridge", json.dumps(TOOLS)]
-    tok = train_bpe_tokenizer(texts * 8, vocab_size=320)
+    tok = copy.deepcopy(make_tokenizer(texts * 8, vocab_size=320))  # a copy: its chat template changes
     tok.chat_template = CHATML_TOOLS_TEMPLATE
     return tok
 
@@ -91,12 +90,10 @@ def check_token_exact(traj, calls) -> None:
     assert all(covered[k] == s.loss_mask for k, s in enumerate(traj.segments))  # nothing else is trained
 
 
-def test_every_trained_token_is_the_sampled_token_call_by_call(tokenizer) -> None:
+def test_every_trained_token_is_the_sampled_token_call_by_call(tokenizer, make_tiny_model) -> None:
     from asearch.engine.inprocess import InProcessEngine, InProcessEngineConfig
-    from asearch.models.tiny import build_tiny_model
 
-    torch.set_num_threads(1)
-    model = build_tiny_model(tokenizer, hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64, seed=1)
+    model = make_tiny_model(tokenizer, kv_heads=1, intermediate=64, seed=1)
     engine = Recording(InProcessEngine(model, tokenizer, cfg=InProcessEngineConfig(max_seq_len=512), version=3))
     flow = OpenAIAgentWorkflow(chatty_agent, tokenizer, agent_cfg(max_new_tokens=6))
 

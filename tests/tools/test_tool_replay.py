@@ -95,18 +95,23 @@ def _long_records(n: int) -> list[Any]:
     return world_records(1, 200, n, (1, 2), "w", pages="long", name_answers=True)
 
 
-def _expert_eval(records, tools_cfg: dict, out: Path, record_dir: Path | None, k: int = 2):
+@pytest.fixture(scope="module")
+def long_tok(make_tokenizer):
+    """A tokenizer that knows the long world's pages (what the tools answer and the expert reads)."""
+    from asearch.corpus.world import WorldCorpus
+
+    return make_tokenizer([p.contents for p in WorldCorpus(**LONG_PAGES).pages()], vocab_size=600)
+
+
+def _expert_eval(tok, records, tools_cfg: dict, out: Path, record_dir: Path | None, k: int = 2):
     """An eval of the reading expert of the demo's long preset (search, open the result, read it chunk by chunk,
     summarise, go on) with the preset's tools over the source `tools_cfg` names."""
     from asearch.agent.loop import AgentConfig
-    from asearch.corpus.world import WorldCorpus
     from asearch.demo.presets import PRESETS
     from asearch.demo.worlds import ExpertMistakes, expert_engine
     from asearch.eval.runner import agent_solver, evaluate_async
-    from asearch.models.tiny import train_bpe_tokenizer
 
     long = PRESETS["long"]["rl"]
-    tok = train_bpe_tokenizer((p.contents for p in WorldCorpus(**LONG_PAGES).pages()), vocab_size=600)
     # mistakes on: what it opens, reads and answers depends on what the tools answered
     engine = expert_engine(
         tok, records, ExpertMistakes(p_skip=0.3, reading=True, p_stop=0.2, p_distract=0.3), seed=3
@@ -130,11 +135,11 @@ def _expert_eval(records, tools_cfg: dict, out: Path, record_dir: Path | None, k
 # --------------------------------------------------------------------------- record an eval, replay it
 
 
-def test_a_replayed_eval_gives_the_same_results_with_the_server_down(world_server, tmp_path) -> None:
+def test_a_replayed_eval_gives_the_same_results_with_the_server_down(world_server, long_tok, tmp_path) -> None:
     url, stats, stop = world_server
     records = _long_records(12)
     recorded = _expert_eval(
-        records, {"server_url": url, "corpus": None}, tmp_path / "a", tmp_path / "a" / RECORD_DIR
+        long_tok, records, {"server_url": url, "corpus": None}, tmp_path / "a", tmp_path / "a" / RECORD_DIR
     )
     sent = {path: e.requests for path, e in stats.report({}).endpoints.items()}
     run = recorded.summary["run_metrics"]
@@ -150,7 +155,7 @@ def test_a_replayed_eval_gives_the_same_results_with_the_server_down(world_serve
     stop()
     # a replay that called out would meet a refused connection (a `remote` fault, in infra_faults)
     assert _refuses_connections(url)
-    replayed = _expert_eval(records, {"record": {"replay": str(tmp_path / "a")}}, tmp_path / "b", None)
+    replayed = _expert_eval(long_tok, records, {"record": {"replay": str(tmp_path / "a")}}, tmp_path / "b", None)
     again = replayed.summary["run_metrics"]
     assert again["replay/misses"] == 0 and again["replay/damaged"] == 0
     assert again["replay/hits"] == run["record/answers"]  # every call the recorded run made, answered again
@@ -163,7 +168,7 @@ def test_a_replayed_eval_gives_the_same_results_with_the_server_down(world_serve
     # other questions: the record has no answer to their searches; each miss is refused and counted, and
     # the episodes that met one are masked, not scored as the model's failures
     other = _long_records(24)[12:]
-    missed = _expert_eval(other, {"record": {"replay": str(tmp_path / "a")}}, tmp_path / "c", None, k=1)
+    missed = _expert_eval(long_tok, other, {"record": {"replay": str(tmp_path / "a")}}, tmp_path / "c", None, k=1)
     m = missed.summary["run_metrics"]
     faulted = [r for r in _by_question(tmp_path / "c").values() if r["infra_faults"]]
     assert m["replay/misses/search"] > 0 and m["replay/misses"] == sum(
