@@ -49,21 +49,13 @@ def test_the_eval_runner_scores_a_searching_agent_on_them(graph_questions, char_
     assert len(searched) == len(records) and all("world5.example" in s for s in searched)
 
 
-def _tiny_model_dir(tmp: Path) -> Path:
-    import torch
-
-    from asearch.models.tiny import build_tiny_model, save_tiny, train_bpe_tokenizer
-
-    torch.set_num_threads(1)
-    texts = [f"<search>question {i}</search> <answer>city {i}</answer> Velmo Purno" for i in range(200)]
-    tok = train_bpe_tokenizer(texts, vocab_size=400)
-    model = build_tiny_model(tok, hidden=32, layers=1, heads=2, max_positions=2048, seed=0)
-    return save_tiny(model, tok, tmp / "tiny")
-
-
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _tiny_model_dir(tmp_path_factory.mktemp("model"))
+def tiny_model(tmp_path_factory: pytest.TempPathFactory, make_tokenizer, make_tiny_model) -> Path:
+    """A random tiny model that knows the tags and a few words, saved as a model directory."""
+    from asearch.models.tiny import save_tiny
+
+    tok = make_tokenizer([f"<search>question {i}</search> <answer>city {i}</answer> Velmo Purno" for i in range(200)], 400)
+    return save_tiny(make_tiny_model(tok, max_positions=2048), tok, tmp_path_factory.mktemp("model") / "tiny")
 
 
 def test_asearch_eval_reads_the_file(graph_questions, tiny_model, tmp_path):
