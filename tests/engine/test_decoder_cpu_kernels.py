@@ -79,6 +79,23 @@ def test_native_decode_matches_sdpa_on_ragged_rows(heads, kv_heads, head_dim, qw
 
 
 @needs_kernels
+def test_native_attention_refuses_positions_past_the_cache():
+    model = tiny_qwen(4, 2, 12, qwen3=False)
+    spec, _, rope = decoder_parts(model)  # RoPE for 128 positions
+    attend = cpu_kernels.CpuKernels(cpu_kernels.load()).decode_attention(spec)
+    cache = SlotKVCache(spec, torch.float32, max_slots=4, max_len=512)
+    cache.ensure(2, 200)
+    before = cache.kv[0].clone()
+    qkv = torch.randn(2, (spec.heads + 2 * spec.kv_heads) * spec.head_dim)
+    for bad in (128, -1):  # past the RoPE table (the cache is longer), and negative
+        with pytest.raises(IndexError, match="position past"):
+            attend(qkv, rope.table, cache.kv[0][:2], torch.tensor([3, bad]))
+    assert torch.equal(cache.kv[0], before)  # nothing written
+    with pytest.raises(ValueError, match="wrong dtype"):
+        attend(qkv, rope.table, cache.kv[0][:2], torch.tensor([3, 4], dtype=torch.int32))
+
+
+@needs_kernels
 def test_native_rms_norm_matches_torch():
     kernels = cpu_kernels.CpuKernels(cpu_kernels.load())
     g = torch.Generator().manual_seed(0)

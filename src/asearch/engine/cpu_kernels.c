@@ -73,12 +73,16 @@ static void attend(const float *restrict Q, const float *restrict K, const float
    contiguous floats, not yet rotated. rope: (positions, 2, d) cos | signed sin. kv: key (row b, KV head h,
    position j) at kv + b * s_slot + h * s_head + j * s_pos, value at + s_kv from there. Row b's token sits at
    position last[b]: its rotated key and its value are written there, then it attends positions 0 .. last[b].
-   out: (B, nkv * G * d) contiguous. Returns 0, or -1 when scratch memory could not be allocated. */
+   n_pos: the positions both the cache and rope hold. out: (B, nkv * G * d) contiguous. Returns 0, -1 when
+   scratch memory could not be allocated, -2 when a position is outside 0 .. n_pos - 1 (nothing written). */
 int decode_attention(const float *restrict qkv, int64_t q_row, const float *restrict rope, float *kv, int64_t s_slot,
                      int64_t s_kv, int64_t s_head, int64_t s_pos, const int64_t *restrict last, int64_t B,
-                     int64_t nkv, int64_t G, int64_t d, float scale, float *restrict out) {
+                     int64_t n_pos, int64_t nkv, int64_t G, int64_t d, float scale, float *restrict out) {
   int64_t max_n = 0;
-  for (int64_t b = 0; b < B; ++b) max_n = last[b] + 1 > max_n ? last[b] + 1 : max_n;
+  for (int64_t b = 0; b < B; ++b) {
+    if (last[b] < 0 || last[b] >= n_pos) return -2;
+    max_n = last[b] + 1 > max_n ? last[b] + 1 : max_n;
+  }
   float *scores = malloc(sizeof(float) * (size_t)(G * max_n + nkv * G * d));
   if (!scores) return -1;
   float *q = scores + G * max_n; /* the row's rotated query heads */

@@ -11,6 +11,7 @@ import ctypes
 import logging
 import math
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -49,7 +50,8 @@ def load() -> ctypes.CDLL | None:
 
 
 def _build() -> ctypes.CDLL | None:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    found = shutil.which("cc") or shutil.which("gcc")
+    cc = shlex.split(os.environ["CC"]) if os.environ.get("CC") else [found] if found else None
     if cc is None:
         log.info("no C compiler found: the decode step uses torch's kernels")
         return None
@@ -57,10 +59,10 @@ def _build() -> ctypes.CDLL | None:
         obj, lib_path = Path(tmp) / "cpu_kernels.o", Path(tmp) / "cpu_kernels.so"
         try:
             for cmd in (
-                [cc, *COMPILE_FLAGS, "-c", str(SOURCE), "-o", str(obj)],
-                [cc, "-shared", str(obj), "-o", str(lib_path), "-lm"],
+                [*cc, *COMPILE_FLAGS, "-c", str(SOURCE), "-o", str(obj)],
+                [*cc, "-shared", str(obj), "-o", str(lib_path), "-lm"],
             ):
-                subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300)
+                subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
             lib = ctypes.CDLL(str(lib_path))  # mapped: the file may go with the directory
         except (OSError, subprocess.SubprocessError) as e:
             detail = getattr(e, "stderr", "") or e
@@ -69,7 +71,7 @@ def _build() -> ctypes.CDLL | None:
             )
             return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.decode_attention.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, i64, ptr, i64, i64, i64, i64, ctypes.c_float, ptr]  # fmt: skip
+    lib.decode_attention.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, i64, ptr, i64, i64, i64, i64, i64, ctypes.c_float, ptr]  # fmt: skip
     lib.sample_rows.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ptr]
     lib.rms_norm.argtypes = [ptr, i64, i64, i64, ptr, ctypes.c_float, ptr]
     lib.rms_norm.restype = None
@@ -106,7 +108,7 @@ class CpuKernels:
         import torch
 
         N, H = x.shape
-        if x.dtype != torch.float32 or weight.dtype != torch.float32 or x.stride(1) != 1 or not weight.is_contiguous():
+        if x.dtype != torch.float32 or weight.dtype != torch.float32 or x.stride(1) != 1 or weight.shape != (H,) or weight.stride(0) != 1:
             raise ValueError("rms_norm needs float32 rows with contiguous features and a contiguous weight")
         out = torch.empty(N, H, dtype=torch.float32)
         self.lib.rms_norm(x.data_ptr(), N, H, x.stride(0), weight.data_ptr(), eps, out.data_ptr())
@@ -143,17 +145,24 @@ class DecodeAttention:
         import torch
 
         B = qkv.shape[0]
-        tensors = (qkv, rope, kv)
-        if any(t.dtype != torch.float32 for t in tensors) or qkv.stride(1) != 1 or kv.stride(4) != 1 or not rope.is_contiguous():
-            raise ValueError("DecodeAttention needs float32 tensors, rows and cache with contiguous head_dim")
+        width = (self.heads + 2 * self.kv_heads) * self.head_dim
+        if (
+            any(t.dtype != torch.float32 for t in (qkv, rope, kv)) or positions.dtype != torch.int64
+            or qkv.shape[1] != width or qkv.stride(1) != 1 or not rope.is_contiguous() or kv.stride(4) != 1
+            or kv.shape[0] != B or kv.shape[1:3] != (2, self.kv_heads) or kv.shape[4] != self.head_dim
+            or rope.shape[1:] != (2, self.head_dim) or positions.shape != (B,)
+        ):  # fmt: skip
+            raise ValueError("DecodeAttention: tensors of the wrong dtype, shape or layout")
         positions = positions.contiguous()
         out = torch.empty(B, self.heads * self.head_dim, dtype=torch.float32)
         s_slot, s_kv, s_head, s_pos, _ = kv.stride()
         status = self.lib.decode_attention(
             qkv.data_ptr(), qkv.stride(0), rope.data_ptr(), kv.data_ptr(), s_slot, s_kv, s_head, s_pos,
-            positions.data_ptr(), B, self.kv_heads, self.heads // self.kv_heads, self.head_dim, self.scale,
-            out.data_ptr(),
+            positions.data_ptr(), B, min(kv.shape[3], rope.shape[0]), self.kv_heads, self.heads // self.kv_heads,
+            self.head_dim, self.scale, out.data_ptr(),
         )  # fmt: skip
+        if status == -2:
+            raise IndexError(f"a position past the KV cache ({kv.shape[3]}) or RoPE table ({rope.shape[0]})")
         if status != 0:
             raise MemoryError("decode_attention could not allocate its scores")
         return out
