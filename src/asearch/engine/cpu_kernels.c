@@ -35,11 +35,12 @@ static void attend(const float *restrict Q, const float *restrict K, const float
   for (int64_t j = 0; j < n; ++j) {
     const float *kj = K + j * s_pos;
     /* The next (row, head) block, requested while this one computes: the hardware prefetcher alone
-       stalls at every new block (the step's attention was about 30% slower without this). */
+       stalls at every new block (the step's attention was about 30% slower without this). Into L2, not
+       L1, which the current block fills (about 2% faster a step). */
     if (j < next_n)
       for (int64_t c = 0; c < d; c += 16) {
-        __builtin_prefetch(NK + j * s_pos + c, 0, 3);
-        __builtin_prefetch(NV + j * s_pos + c, 0, 3);
+        __builtin_prefetch(NK + j * s_pos + c, 0, 1);
+        __builtin_prefetch(NV + j * s_pos + c, 0, 1);
       }
     for (int64_t g = 0; g < G; ++g) {
       const float *qg = Q + g * d;
