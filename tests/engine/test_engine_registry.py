@@ -189,3 +189,27 @@ def test_rollout_pool_members_are_built_through_the_registry(monkeypatch) -> Non
     for kv in ("keep", "recompute"):  # vLLM has no choice: an explicit one is a mistake
         with pytest.raises(ValueError, match="kind 'vllm' always recompute"):
             RolloutServersConfig(kind="vllm", update_kv=kv)
+
+
+def test_rollout_servers_get_a_section_per_kind_with_server_options() -> None:
+    """`rollout_servers.vllm` / `.sglang` are the server options the kinds registered (`ServerOptions`), not fields
+    of RolloutServersConfig: typed, saved with the config, and an unknown key names the nearest one."""
+    from asearch.config import load_config
+    from asearch.engine.pool import RolloutServersConfig
+    from asearch.engine.sglang_server import SGLangServerConfig
+    from asearch.engine.vllm import VLLMServerConfig
+    from asearch.errors import ConfigError
+    from asearch.launch.spec import server_tensor_parallel
+
+    servers = RolloutServersConfig(kind="vllm", vllm={"tensor_parallel_size": 2}, sglang={"tp_size": 4})
+    vllm = servers.server_options()
+    assert isinstance(vllm, VLLMServerConfig) and vllm.tensor_parallel_size == 2 and server_tensor_parallel(servers) == 2
+    assert isinstance(servers.server_options("sglang-server"), SGLangServerConfig)
+    assert servers.server_options("sglang") is None  # `asearch engine serve` takes the engine's own options
+    dumped = servers.model_dump()
+    assert dumped["vllm"]["tensor_parallel_size"] == 2 and dumped["sglang"]["tp_size"] == 4
+    assert RolloutServersConfig.model_validate(dumped).server_options().tensor_parallel_size == 2
+    with pytest.raises(ConfigError, match=r"vllm.dtyp: unknown key 'dtyp'; did you mean 'dtype'"):
+        load_config(RolloutServersConfig, None, ["kind=vllm", "vllm.dtyp=float32"], base=None)
+    with pytest.raises(ValueError, match=r"unknown key 'vlm'; did you mean 'vllm'"):
+        RolloutServersConfig(kind="vllm", vlm={"dtype": "float32"})

@@ -20,6 +20,7 @@ Tokens stay honestly tagged meanwhile: a launched server labels its weights (`--
 from __future__ import annotations
 
 import asyncio
+import difflib
 import logging
 import time
 from collections import OrderedDict
@@ -36,6 +37,7 @@ from pydantic import (
     model_serializer,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from asearch.config import Config
 from asearch.engine.http import RETRY_STATUS, HttpConfig, RemoteHTTPError
@@ -143,13 +145,16 @@ class RolloutServersConfig(Config):
             return handler(data)  # a RolloutServersConfig already (assignment, model_copy)
         sections = {spec.server_section: spec.server_options for _, spec in ENGINES.items() if spec.server_options}
         options: dict[str, ServerOptions] = {}
-        errors: list[Any] = []
+        errors: list[Any] = [_unknown_key((key,), [*cls.model_fields, *sections], data[key]) for key in data
+                             if key not in cls.model_fields and key not in sections]  # fmt: skip
         for section, model in sections.items():
             given = data.get(section)
             try:
                 options[section] = given if isinstance(given, model) else model.model_validate(given or {})
             except ValidationError as e:
-                errors += [{k: err[k] for k in ("type", "input", "ctx") if k in err} | {"loc": (section, *err["loc"])}
+                errors += [_unknown_key((section, *err["loc"]), list(model.model_fields), err["input"])
+                           if err["type"] == "extra_forbidden" and len(err["loc"]) == 1
+                           else {k: err[k] for k in ("type", "input", "ctx") if k in err} | {"loc": (section, *err["loc"])}
                            for err in e.errors()]  # fmt: skip
         if errors:
             raise ValidationError.from_exception_data(cls.__name__, errors)
@@ -190,6 +195,14 @@ class RolloutServersConfig(Config):
     def client_options(self) -> dict[str, Any]:
         """Options of each server's client engine beyond its URL."""
         return {"http": self.http, **({"update_kv": self.update_kv} if self.update_kv is not None else {})}
+
+
+def _unknown_key(loc: tuple[Any, ...], valid: list[str], given: Any) -> dict[str, Any]:
+    """The error of an unknown key of `rollout_servers` (or of one of its server sections), naming the nearest."""
+    near = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    message = f"unknown key {str(loc[-1])!r}{hint} (valid here: {', '.join(valid)})"
+    return {"type": PydanticCustomError("unknown_key", message), "loc": loc, "input": given}
 
 
 @dataclass(eq=False)
