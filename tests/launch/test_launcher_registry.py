@@ -54,3 +54,19 @@ def test_unknown_launchers_are_refused_with_the_registered_names() -> None:
         TrainConfig(model="m", data="d", launcher="slurm")
     with pytest.raises(ConfigError, match=r"unknown launcher 'slurm' \(registered: local, ray\)"):
         make_launcher("slurm")
+
+
+def test_allocation_keys_are_those_of_the_picked_launcher() -> None:
+    """The Ray launcher's keys are its own options model (RayAllocation), under the same `allocation.*` names."""
+    from asearch.config import load_config
+    from asearch.launch.ray import RayAllocation
+    from asearch.launch.train import TrainConfig
+
+    base = ["model=m", "data=d"]
+    cfg = load_config(TrainConfig, None, [*base, "launcher=ray", "allocation.ray_address=h:6379", "allocation.bind=node"])
+    assert isinstance(cfg.allocation, RayAllocation) and cfg.allocation.ray_address == "h:6379"
+    assert cfg.model_dump()["allocation"]["bind"] == "node"  # saved with the run's config, reloaded the same
+    with pytest.raises(ConfigError, match=r"allocation.ray_address is an option of launcher ray \(launcher=local\)"):
+        load_config(TrainConfig, None, [*base, "launcher=local", "allocation.ray_address=h:6379"])
+    with pytest.raises(ConfigError, match=r"did you mean 'allocation.ray_address'"):
+        load_config(TrainConfig, None, [*base, "launcher=ray", "allocation.ray_adress=h:6379"])

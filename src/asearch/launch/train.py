@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import inspect
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
@@ -142,6 +143,12 @@ class TrainConfig(LoopConfig):
                     raise PydanticCustomError(
                         "launcher_option", f"allocation.{key} is an option of launcher {owners[0]} (launcher={launcher})"
                     )
+                near = difflib.get_close_matches(str(key), list(model.model_fields), n=1, cutoff=0.5)
+                hint = f"; did you mean 'allocation.{near[0]}'?" if near else ""
+                raise PydanticCustomError(
+                    "launcher_option",
+                    f"unknown key 'allocation.{key}' for launcher={launcher}{hint} (valid here: {', '.join(model.model_fields)})",
+                )
         return model.model_validate(value) if model is not Allocation else handler(value)
 
     @model_validator(mode="after")
