@@ -63,7 +63,7 @@ def make_trainer(model, *, fsdp: bool, device: str):
 
 
 async def measure(trainer, tok, urls: list[str], sups: list, work: Path, method: str, repeats: int,
-                  version: int, backend: str | None = None) -> list[dict[str, float]]:  # fmt: skip
+                  version: int, backend: str | None = None, bucket_mb: float = 512.0) -> list[dict[str, float]]:  # fmt: skip
     """`repeats` pushes of `method`, each row {seconds, bytes}; versions from `version` + 1."""
     from asearch.engine.http import HttpConfig
     from asearch.engine.pool import EnginePool
@@ -82,7 +82,7 @@ async def measure(trainer, tok, urls: list[str], sups: list, work: Path, method:
         disk = DiskWeights(pool, trainer, tok, work / method, keep=2, dtype=dtype)
     weights: Any = disk
     if method == "collective":
-        weights = CollectiveWeights(pool, trainer, disk, urls, backend=backend)
+        weights = CollectiveWeights(pool, trainer, disk, urls, bucket_mb=bucket_mb, backend=backend)
     rows = []
     try:
         for i in range(repeats):
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for method in args.methods:
             print(f"{method}: {args.repeats} syncs to {args.servers} servers", flush=True)
             results[method] = asyncio.run(
-                measure(trainer, tok, urls, sups, work, method, args.repeats, version, args.backend)
+                measure(trainer, tok, urls, sups, work, method, args.repeats, version, args.backend, args.bucket_mb)
             )
             version += args.repeats
     finally:
@@ -180,7 +180,7 @@ def gpu_check_rows(shape: str, device: str, repeats: int = 2) -> list[dict[str, 
 
     def once(methods: list[str], backend: str | None) -> dict[str, list[dict[str, float]]]:
         ns = argparse.Namespace(shape=shape, servers=1, repeats=repeats, methods=methods, device=device,
-                                backend=backend, fsdp=True, threads=torch.get_num_threads(), work=None)  # fmt: skip
+                                backend=backend, fsdp=True, threads=torch.get_num_threads(), work=None, bucket_mb=512.0)  # fmt: skip
         return run(ns)["results"]
 
     def rows_of(results: dict[str, list[dict[str, float]]], backend: str) -> list[dict[str, Any]]:
@@ -211,6 +211,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--methods", type=lambda s: s.split(","), default=list(METHODS))
     ap.add_argument("--device", default="cpu", help="of the trainer and the servers")
     ap.add_argument("--backend", default=None, help="the weight group's (default: nccl on cuda, gloo on cpu)")
+    ap.add_argument("--bucket-mb", type=float, default=512.0, help="collective: rollout_servers.weights_bucket_mb")
     ap.add_argument("--fsdp", action="store_true", help="a DistributedPolicyTrainer of world size 1")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the trainer")
     ap.add_argument("--work", default=None, help="where the weights directories go (default: the temp dir)")

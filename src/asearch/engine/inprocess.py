@@ -187,6 +187,7 @@ class InProcessEngine:
         self.device = resolve_device(self.cfg.device)
         self._dtype = resolve_dtype(self.cfg.dtype, self.device)
         self.max_seq_len = min(self.cfg.max_seq_len, self.spec.max_positions)
+        self._spare_weights: list[DecoderWeights] = []  # CPU: the previous version's tensors, for the next build
         with torch.inference_mode():
             self._weights = DecoderWeights.from_state_dict(self.spec, merged_state_dict(model), self._dtype, self.device)
             rotary = base_model(model).model.rotary_emb
@@ -283,7 +284,7 @@ class InProcessEngine:
         generation goes on (a weight broadcast); `update_weights(builder.finish(), ...)` then only swaps."""
         from asearch.engine.decoder import DecoderWeightsBuilder
 
-        return DecoderWeightsBuilder(self.spec, self._dtype, self.device)
+        return DecoderWeightsBuilder(self.spec, self._dtype, self.device, reuse=self._take_spare_weights())
 
     async def update_weights(
         self, source: WeightSource | DecoderWeights, version: int, *, kv: UpdateKV | None = None
@@ -524,6 +525,12 @@ class InProcessEngine:
     def _do_resume(self) -> None:
         self._paused = False
 
+    def _take_spare_weights(self) -> DecoderWeights | None:
+        try:
+            return self._spare_weights.pop()  # atomic: two builds never share them
+        except IndexError:
+            return None
+
     def _do_update(self, source: WeightSource | DecoderWeights, version: int, kv: UpdateKV) -> None:
         import torch
 
@@ -542,12 +549,16 @@ class InProcessEngine:
                 if not path.is_dir():
                     raise FileNotFoundError(f"update_weights: {path} is not a directory of safetensors")
                 sd = load_safetensors_dir(path)
-            new = DecoderWeights.from_state_dict(self.spec, sd, self._dtype, self.device)  # validates first
+            spare = self._take_spare_weights()
+            new = DecoderWeights.from_state_dict(self.spec, sd, self._dtype, self.device, reuse=spare)  # validates first
+        old = self._weights
         # Captured graphs read the weights where they are: copy into them (or drop the graphs if the layout changed).
         if self._graphs is None or not self._weights.copy_(new):
             self._weights = new
             if self._graphs is not None:
                 self._graphs.clear()
+        if self.device.type == "cpu" and self._weights is new:  # nothing reads the old ones now: the next build fills them
+            self._spare_weights[:] = [old]
         if self._stream is not None:
             self._stream.synchronize()  # copied: the caller may change its tensors once this returns
         self._version = version

@@ -440,8 +440,10 @@ class EngineServer:
         from asearch.engine.weight_group import receive_tensors
 
         put = received.__setitem__ if isinstance(received, dict) else received.put
+        t0 = time.perf_counter()
         try:
             await asyncio.to_thread(receive_tensors, group, names, dtypes, shapes, self.engine.device, put)
+            log.info("weight group %s: %d tensors received and placed in %.2fs", name, len(names), time.perf_counter() - t0)
             if body.get("weight_version") is None:
                 return True, f"Received {len(names)} tensors."
             del self._received[name]
