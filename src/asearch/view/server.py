@@ -176,9 +176,11 @@ def _filtered(
     """(the filters, every row of the run, the rows they keep, newest first)."""
     f = query.filters()
     rows = run.trajectory_rows()
-    criteria = {"outcome": f.outcome, "dataset": f.dataset, "text": f.text}
-    criteria |= {"min_turns": f.min_turns, "max_turns": f.max_turns}
-    return f, rows, [r for r in reversed(rows) if matches(r, **criteria)]
+    kept = [
+        r for r in reversed(rows)
+        if matches(r, outcome=f.outcome, dataset=f.dataset, text=f.text, min_turns=f.min_turns, max_turns=f.max_turns)
+    ]  # fmt: skip
+    return f, rows, kept
 
 
 def _resolve(run: Run, i: int, traj_id: str) -> int:
