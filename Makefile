@@ -56,7 +56,7 @@ bench: install
 	$(BIN)/python bench/retrieval.py
 
 # ruff, then the package layers and the no-cycles rule ([tool.importlinter] in pyproject.toml), then the type
-# check ([tool.mypy]: rl, agent, engine, tools, launch; zero errors).
+# check ([tool.mypy]: rl, agent, engine, tools, launch and the base packages; zero errors).
 lint: install
 	$(BIN)/ruff check src tests bench
 	$(BIN)/lint-imports

@@ -47,7 +47,7 @@ def atomic_open(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, _new_file_mode(path))  # mkstemp makes 0600; outputs should be readable like any file
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())

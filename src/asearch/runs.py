@@ -57,7 +57,7 @@ class RunDir:
         dump_config(cfg, self.path / "config.yaml")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        row = {"step": step, "wall_s": round(self.wall_s, 3)}
+        row: dict[str, float | None] = {"step": step, "wall_s": round(self.wall_s, 3)}
         row.update({k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()})
         append_jsonl(self.path / "metrics.jsonl", row)
         if self._tb is not None:
