@@ -33,6 +33,7 @@ def packed_attention_forward(
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     plain = all(kwargs.get(k) is None for k in ("sliding_window", "softcap", "position_bias", "s_aux"))
+    plain = plain and kwargs.get("is_causal", getattr(module, "is_causal", True)) is not False  # a causal decoder
     if packed_lengths is None or not plain or key.shape[2] != query.shape[2]:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     if query.shape[0] != len(packed_lengths):
