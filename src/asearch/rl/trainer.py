@@ -80,7 +80,7 @@ class TrainerConfig(TrainingPlacement):
         "the whole micro-batch's), float32 log-sum-exp, recomputed in backward.",
     )
     logprob_keep_mib: int = Field(
-        2048, ge=0, description="The LM head keeps a micro-batch's softmax (loss tokens x vocabulary in the compute "
+        3072, ge=0, description="The LM head keeps a micro-batch's softmax (loss tokens x vocabulary in the compute "
         "dtype) from forward to backward when it takes at most this many MiB, instead of recomputing the logits: "
         "3 head matmuls instead of 4. 0: always recompute.",
     )
