@@ -32,12 +32,16 @@ if TYPE_CHECKING:
         open_group,
         parse_dtype,
         receive_tensors,
+        signal_abort,
     )
 
 # The torch-only group code, imported on first use: the engine clients import this module for `Bucket` and
 # `GroupAddress`, and listing the engine kinds must not import torch.
 _GROUP_NAMES = frozenset(
-    {"BACKENDS", "WeightGroup", "WeightGroupError", "dtype_name", "host_store", "open_group", "parse_dtype", "receive_tensors"}
+    {
+        "BACKENDS", "WeightGroup", "WeightGroupError", "dtype_name", "host_store", "open_group", "parse_dtype",
+        "receive_tensors", "signal_abort",
+    }  # fmt: skip
 )
 
 
@@ -61,6 +65,7 @@ __all__ = [
     "plan_buckets",
     "reach_address",
     "receive_tensors",
+    "signal_abort",
 ]
 
 

@@ -95,35 +95,44 @@ class BroadcastsWeights:
 
     def broadcast_weights(self, dtype: str = "bfloat16") -> int:
         """Send the policy on the weight group in `dtype`, one broadcast a tensor in `weight_shapes()` order;
-        returns the bytes sent (0 on ranks other than 0). FSDP: every rank gathers each parameter in turn."""
+        returns the bytes sent (0 on ranks other than 0). FSDP: every rank gathers each parameter in turn, and
+        goes on gathering after the group failed (the error is raised at the end): a rank that stopped half way
+        would leave the others waiting in a gather."""
         sender = _is_sender()
         if sender and self._weight_group is None:
             raise RuntimeError("broadcast_weights before join_weight_group")
         wire = parse_dtype(dtype)
-        sent = 0
+        sent, error = 0, None
         # (work, tensor) pairs: the next tensor is cast while one is on the wire
         in_flight: list[tuple[Any, torch.Tensor]] = []
         with torch.no_grad():
             for _, tensor in sync_items(self.model):
                 # FSDP: gathering a parameter is a collective of every rank
                 full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-                if not sender:
+                if not sender or error is not None:
                     continue
-                assert self._weight_group is not None
-                device = "cuda" if self._weight_group.backend == "nccl" else "cpu"
-                out = full.detach().to(device=device, dtype=wire).contiguous()
-                in_flight.append((self._weight_group.start_broadcast(out), out))
-                if len(in_flight) > 2:
-                    self._weight_group.wait([in_flight.pop(0)[0]])
-                sent += out.numel() * out.element_size()
-        if self._weight_group is not None:
-            self._weight_group.wait([work for work, _ in in_flight])
+                try:
+                    sent += self._send(full, wire, in_flight)
+                except Exception as e:  # noqa: BLE001 - raised once every rank has gathered every tensor
+                    error = e
+        try:
+            if error is None and self._weight_group is not None:
+                self._weight_group.wait([work for work, _ in in_flight])
+        except Exception as e:  # noqa: BLE001
+            error = e
+        if error is not None:
+            raise error
         return sent
 
-    def abort_weight_broadcast(self) -> None:
-        """Make a `broadcast_weights` running in another thread fail now (a server gave up on the version)."""
-        if self._weight_group is not None:
-            self._weight_group.abort()
+    def _send(self, full: torch.Tensor, wire: torch.dtype, in_flight: list[tuple[Any, torch.Tensor]]) -> int:
+        """Cast `full` and start its broadcast, keeping at most two in flight; the bytes it puts on the wire."""
+        group = self._weight_group
+        assert group is not None
+        out = full.detach().to(device="cuda" if group.backend == "nccl" else "cpu", dtype=wire).contiguous()
+        in_flight.append((group.start_broadcast(out), out))
+        if len(in_flight) > 2:
+            group.wait([in_flight.pop(0)[0]])
+        return out.numel() * out.element_size()
 
     def broadcast_weights_or_leave(self, dtype: str = "bfloat16") -> int:
         """`broadcast_weights`; when it fails (a server left), rank 0 leaves the group first: closing its end

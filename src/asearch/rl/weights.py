@@ -28,7 +28,7 @@ from typing import Any, Protocol, cast
 
 from asearch.engine.pool import EnginePool
 from asearch.engine.types import Engine
-from asearch.engine.weight_group import Bucket, GroupAddress, parse_dtype, plan_buckets
+from asearch.engine.weight_group import Bucket, GroupAddress, parse_dtype, plan_buckets, signal_abort
 from asearch.models.lora import merged_state_dict
 from asearch.rl.trainer import PolicyTrainer, Trainer
 
@@ -106,6 +106,7 @@ class CollectiveWeights:
     _group: str | None = None
     _names: itertools.count = field(default_factory=itertools.count)
     _form_failures: int = 0
+    _store_address: tuple[str, int] | None = None  # rank 0's rendezvous store: the group's abort key lives there
 
     async def push(self, version: int) -> None:
         t0 = time.perf_counter()
@@ -148,14 +149,18 @@ class CollectiveWeights:
         it would wait for the failed side until `timeout_s`). Both results, exceptions included."""
         send = asyncio.ensure_future(asyncio.to_thread(self.trainer.broadcast_weights_or_leave, self.dtype))
         receive = asyncio.ensure_future(self.engine.update_weights_from_distributed(buckets, version, group))
-        done, _ = await asyncio.wait({send, receive}, return_when=asyncio.FIRST_EXCEPTION)
-        if send in done and send.exception() is not None and not receive.done():
-            await self.engine.abort_weight_group(group)
-        if receive in done and receive.exception() is not None and not send.done():
-            abort = getattr(self.trainer, "abort_weight_broadcast", None)  # a local trainer; remote ranks time out
-            if abort is not None:
-                abort()
+        done, pending = await asyncio.wait({send, receive}, return_when=asyncio.FIRST_EXCEPTION)
+        if pending and any(t.exception() is not None for t in done):
+            await self._abort(group)
         return await asyncio.gather(send, receive, return_exceptions=True)
+
+    async def _abort(self, group: str) -> None:
+        """Every member's broadcasts fail now: the group's abort key in rank 0's store (which every member
+        polls: the trainer ranks, wherever they run, and vLLM's workers), and each server told to leave."""
+        if self._store_address is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(signal_abort, *self._store_address, group)
+        await self.engine.abort_weight_group(group)
 
     async def _try_form_group(self) -> None:
         """`_form_group`; when it fails the version goes by disk, and after `max_form_failures` every version
@@ -184,6 +189,7 @@ class CollectiveWeights:
         t0 = time.perf_counter()
         name = f"asearch-weights-{next(self._names)}"
         host, port = await asyncio.to_thread(self.trainer.open_weight_store, self.urls, self.timeout_s)
+        self._store_address = (host, port)
         world = 1 + self.ranks_per_server * len(self.engine.members)
         address = GroupAddress(host, port, world, name, backend, self.timeout_s)
         join = asyncio.ensure_future(asyncio.to_thread(self.trainer.join_weight_group, address, self.timeout_s))

@@ -61,6 +61,7 @@ class WeightGroup:
     op_timeout_s: float = 600.0  # the longest `wait` lets a broadcast go without any finishing
     _aborted: threading.Event = field(default_factory=threading.Event, repr=False)
     _pending: list[Any] = field(default_factory=list, repr=False)
+    _store_checked: float = 0.0
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         """Rank 0 sends `tensor`; every other member receives into its `tensor` (same shape and dtype)."""
@@ -82,7 +83,7 @@ class WeightGroup:
         last_progress = time.monotonic()
         for i, work in enumerate(works):
             while not work.is_completed():
-                if self._aborted.is_set():
+                if self._aborted.is_set() or self._abort_signalled():
                     raise WeightGroupError(f"weight group {self.name} was aborted")
                 if time.monotonic() - last_progress > self.op_timeout_s:
                     raise WeightGroupError(
@@ -96,8 +97,25 @@ class WeightGroup:
         self._pending = [w for w in self._pending if not w.is_completed()]
 
     def abort(self) -> None:
-        """Make every `wait` on this group, now or later, raise (thread-safe); `close` still has to follow."""
+        """Make every `wait` on this group, now or later, raise (thread-safe), in this process and, through the
+        group's store, in every member's; `close` still has to follow."""
         self._aborted.set()
+        try:
+            self.store.set(abort_key(self.name), "1")
+        except Exception:  # noqa: BLE001 - the store's host is gone: so is the group
+            pass
+
+    def _abort_signalled(self) -> bool:
+        """Whether some member or the trainer's driver set the group's abort key (asked every 20 ms at most: a
+        round trip to rank 0's store); an unreachable store counts as an abort."""
+        now = time.monotonic()
+        if now - self._store_checked < 0.02 or self.store is None:
+            return False
+        self._store_checked = now
+        try:
+            return bool(self.store.check([abort_key(self.name)]))
+        except Exception:  # noqa: BLE001
+            return True
 
     def close(self) -> None:
         """Leave the group (the process group before its store: the other order aborts the process). With a
@@ -113,6 +131,19 @@ class WeightGroup:
         self._pending = []
         del group
         self.store = None
+
+
+def abort_key(group_name: str) -> str:
+    """The store key whose presence aborts the group's broadcasts in every member."""
+    return f"asearch-weights/{group_name}/abort"
+
+
+def signal_abort(master_address: str, master_port: int, group_name: str, *, timeout_s: float = 5.0) -> None:
+    """From any process that can reach rank 0's store (the driver of a Ray run): abort every member's wait."""
+    store = dist.TCPStore(
+        master_address, int(master_port), is_master=False, timeout=datetime.timedelta(seconds=timeout_s)
+    )
+    store.set(abort_key(group_name), "1")
 
 
 def host_store(host: str, *, timeout_s: float = 600.0) -> Any:
