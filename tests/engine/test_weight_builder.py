@@ -50,16 +50,17 @@ def test_a_missing_tensor_or_half_the_biases_is_refused() -> None:
     m = qwen2(0)
     spec = DecoderSpec.from_config(m.config)
     sd = m.state_dict()
-    builder = DecoderWeightsBuilder(spec, torch.float32)
-    for name, t in sd.items():
-        if name != "model.layers.1.mlp.down_proj.weight":
-            builder.put(name, t)
+
+    def all_but(skipped: str) -> DecoderWeightsBuilder:
+        builder = DecoderWeightsBuilder(spec, torch.float32)
+        for name, t in sd.items():
+            if name != skipped:
+                builder.put(name, t)
+        return builder
+
     with pytest.raises(ConfigError, match="down_proj"):
-        builder.finish()
-    builder = DecoderWeightsBuilder(spec, torch.float32)
-    for name, t in sd.items():
-        if name != "model.layers.0.self_attn.k_proj.bias":
-            builder.put(name, t)
+        all_but("model.layers.1.mlp.down_proj.weight").finish()
+    builder = all_but("model.layers.0.self_attn.k_proj.bias")
     with pytest.raises(ConfigError, match="biases of layer 0"):
         builder.finish()
     with pytest.raises(ConfigError, match="wrong shapes"):

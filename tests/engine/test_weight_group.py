@@ -196,22 +196,31 @@ def test_a_server_killed_during_a_broadcast_ends_that_version_at_once(servers, s
     assert asyncio.run(go()) < 60  # 0.5 s measured; without the abort the survivor waits the full timeout
 
 
+def two_member_group(name: str):
+    """(root, member, store port) of a gloo weight group of 2, both ends in this process."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from asearch.engine.weight_group import host_store, open_group
+
+    store = host_store("127.0.0.1", timeout_s=30)
+    port = int(store.port)
+    with ThreadPoolExecutor(2) as pool:
+        root = pool.submit(open_group, "127.0.0.1", port, 0, 2, group_name=name, timeout_s=30, store=store)
+        member = pool.submit(open_group, "127.0.0.1", port, 1, 2, group_name=name, timeout_s=30)
+        return root.result(), member.result(), port
+
+
 def test_an_abort_through_the_store_ends_a_wait_that_no_peer_would_end() -> None:
     """A member waits for a broadcast its root never sends (the root is alive, just elsewhere): the group's
     abort key, set from a third process's view of rank 0's store, ends that wait at once; so does the
     no-progress deadline when nobody aborts."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from asearch.engine.weight_group import WeightGroupError, host_store, open_group, signal_abort
+    from asearch.engine.weight_group import WeightGroupError, signal_abort
 
-    store = host_store("127.0.0.1", timeout_s=30)
-    port = int(store.port)
-    with ThreadPoolExecutor(2) as pool:
-        root_f = pool.submit(open_group, "127.0.0.1", port, 0, 2, group_name="g", timeout_s=30, store=store)
-        member = pool.submit(open_group, "127.0.0.1", port, 1, 2, group_name="g", timeout_s=30).result()
-        root = root_f.result()
-        work = member.start_broadcast(torch.empty(1000))
-        waiting = pool.submit(member.wait, [work])
+    root, member, port = two_member_group("g")
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(member.wait, [member.start_broadcast(torch.empty(1000))])
         time.sleep(0.3)
         assert not waiting.done()
         t0 = time.monotonic()
@@ -222,12 +231,7 @@ def test_an_abort_through_the_store_ends_a_wait_that_no_peer_would_end() -> None
     member.close()  # its receive is still pending: abandoned, not waited for
     root.close()
 
-    store = host_store("127.0.0.1", timeout_s=30)
-    port = int(store.port)
-    with ThreadPoolExecutor(2) as pool:
-        root_f = pool.submit(open_group, "127.0.0.1", port, 0, 2, group_name="h", timeout_s=30, store=store)
-        member = pool.submit(open_group, "127.0.0.1", port, 1, 2, group_name="h", timeout_s=30).result()
-        root = root_f.result()
+    root, member, _ = two_member_group("h")
     member.op_timeout_s = 0.5
     with pytest.raises(WeightGroupError, match="no broadcast finished"):
         member.wait([member.start_broadcast(torch.empty(1000))])
