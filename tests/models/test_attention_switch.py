@@ -81,8 +81,9 @@ def test_a_step_under_auto_matches_the_same_step_under_eager_and_uses_sdpa_on_it
         cfg = TrainerConfig(token_budget=420, attention=attention, attention_switch_tokens=128, device="cpu")
         PolicyTrainer(model, cfg).train_step(samples, policy_version=0)
         weights[attention] = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        # two micro-batches, [24, 30] and [200, 210]: SDPA for the long one, and the model handed back as it came
-        assert used == ([] if attention == "model" else ["sdpa", "eager"]), used
+        # two micro-batches, [24, 30] and [200, 210]: SDPA for the long one (run per sample on its packed rows:
+        # asearch_packed_sdpa), and the model handed back as it came
+        assert used == ([] if attention == "model" else ["sdpa", "asearch_packed_sdpa", "eager"]), used
         assert model.config._attn_implementation == "eager"
     for k, w in weights["model"].items():
         torch.testing.assert_close(weights["auto"][k], w, rtol=1e-4, atol=1e-5)
