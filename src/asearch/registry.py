@@ -28,6 +28,7 @@ from pydantic_core import PydanticCustomError
 from asearch.errors import ConfigError
 
 T = TypeVar("T")
+E = TypeVar("E")  # what a `decorator` registers: an entry of the registry, as decorated
 
 
 def _qualified(origin: object) -> str:
@@ -57,6 +58,15 @@ class Registry(Generic[T]):
         if taken is not None and taken != _qualified(origin):
             raise ValueError(f"{self.what} {name!r} is taken by {taken}")
         self._entries[name], self._origins[name] = entry, _qualified(origin)
+
+    def decorator(self, name: str) -> Callable[[E], E]:
+        """A decorator registering what it decorates (a function or class, its own origin) as `name`."""
+
+        def add(entry: E) -> E:
+            self.add(name, entry, origin=entry)  # type: ignore[arg-type]
+            return entry
+
+        return add
 
     def discover(self) -> None:
         """Import every module of the package once. A module that looks entries up while it is being

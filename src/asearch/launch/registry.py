@@ -22,12 +22,7 @@ LAUNCHERS: Registry[type[Launcher]] = Registry("launcher", "asearch.launch")
 
 def register_launcher(name: str) -> Callable[[type[Launcher]], type[Launcher]]:
     """Class decorator: make `cls` the launcher `launcher=<name>` starts."""
-
-    def register(cls: type[Launcher]) -> type[Launcher]:
-        LAUNCHERS.add(name, cls, origin=cls)
-        return cls
-
-    return register
+    return LAUNCHERS.decorator(name)
 
 
 def launcher_names() -> list[str]:

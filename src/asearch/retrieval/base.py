@@ -49,9 +49,4 @@ SEARCH_METHODS: Registry[OpenRetriever] = Registry(
 
 def register_search_method(name: str) -> Callable[[OpenRetriever], OpenRetriever]:
     """Make the decorated `(index) -> Retriever` the search method `method=<name>` opens (once per index)."""
-
-    def add(open_retriever: OpenRetriever) -> OpenRetriever:
-        SEARCH_METHODS.add(name, open_retriever, origin=open_retriever)
-        return open_retriever
-
-    return add
+    return SEARCH_METHODS.decorator(name)

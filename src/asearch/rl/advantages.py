@@ -25,12 +25,7 @@ ESTIMATORS: Registry[Estimator] = Registry(
 
 def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
     """Make the decorated function the estimator `advantages.estimator=<name>` picks."""
-
-    def add(fn: Estimator) -> Estimator:
-        ESTIMATORS.add(name, fn, origin=fn)
-        return fn
-
-    return add
+    return ESTIMATORS.decorator(name)
 
 
 class AdvantageConfig(Config):

@@ -35,12 +35,7 @@ CORRECTIONS: Registry[Correction] = Registry("loss correction", "asearch.rl", wa
 
 def register_correction(name: str) -> Callable[[Correction], Correction]:
     """Make the decorated function the correction `loss.correction=<name>` picks."""
-
-    def add(fn: Correction) -> Correction:
-        CORRECTIONS.add(name, fn, origin=fn)
-        return fn
-
-    return add
+    return CORRECTIONS.decorator(name)
 
 
 class LossConfig(Config):
