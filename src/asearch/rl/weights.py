@@ -178,10 +178,6 @@ class CollectiveWeights:
                 "weight group (%s) could not form (%s: %s): this version goes by disk%s", backend, type(e).__name__, e,
                 "; so will every later one (rollout_servers.weights: disk says so up front)" if final else "",
             )  # fmt: skip
-            with contextlib.suppress(Exception):
-                await self.engine.destroy_weights_update_group(f"asearch-weights-{next(self._names) - 1}")
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(self.trainer.leave_weight_group)
 
     async def _form_group(self, backend: str) -> None:
         """The trainer hosts the rendezvous, then it and every server join at once (each blocks until all have);
@@ -195,10 +191,17 @@ class CollectiveWeights:
         join = asyncio.ensure_future(asyncio.to_thread(self.trainer.join_weight_group, address, self.timeout_s))
         servers = asyncio.ensure_future(self.engine.init_weights_update_group(address, self.ranks_per_server))
         await asyncio.wait({join, servers}, return_when=asyncio.FIRST_EXCEPTION)
-        if servers.done() and servers.exception() is not None:
-            join.add_done_callback(lambda f: f.cancelled() or f.exception())  # its timeout, already reported
-            raise servers.exception()  # type: ignore[misc]
-        await asyncio.gather(join, servers)
+        try:
+            if servers.done() and servers.exception() is not None:
+                join.add_done_callback(lambda f: f.cancelled() or f.exception())  # its timeout, already reported
+                raise servers.exception()  # type: ignore[misc]
+            await asyncio.gather(join, servers)
+        except Exception:
+            with contextlib.suppress(Exception):  # whoever joined leaves the half-formed group
+                await self.engine.abort_weight_group(name, self.engine.members)
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.trainer.leave_weight_group)
+            raise
         self._group = name
         log.info(
             "weight group %s: trainer + %d server ranks (%s at %s:%d) in %.2fs",
