@@ -59,7 +59,7 @@ def engine_tokens_per_s(
     model, batch: int, prompt: list[int], new_tokens: int, threads: int
 ) -> tuple[float, float]:
     """(tokens per wall second, tokens per CPU second of this process) for `batch` concurrent requests."""
-    from asearch.engine.inprocess import InProcessEngine, InProcessEngineConfig
+    from asearch.engine.local.inprocess import InProcessEngine, InProcessEngineConfig
     from asearch.engine.types import GenerateRequest, SamplingParams
 
     cfg = InProcessEngineConfig(

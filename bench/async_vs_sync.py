@@ -184,7 +184,7 @@ class Generator:
     """
 
     def __init__(self, engine: Any, *, url: str | None = None, weights_dir: Path | None = None):
-        from asearch.engine.http import JsonHttpClient
+        from asearch.engine.remote.http import JsonHttpClient
 
         self.engine = engine
         self.url = url
@@ -196,7 +196,7 @@ class Generator:
     async def open(cls, args: argparse.Namespace, policy: Any, tok: Any, server: Any) -> Generator:
         rows = args.max_concurrent * args.group
         if server is None:
-            from asearch.engine.inprocess import InProcessEngine, InProcessEngineConfig
+            from asearch.engine.local.inprocess import InProcessEngine, InProcessEngineConfig
 
             cfg = InProcessEngineConfig(
                 threads=1, max_batch=rows, max_seq_len=args.max_positions, seed=args.seed, update_kv=args.update_kv
@@ -584,7 +584,7 @@ def generation_server(args: argparse.Namespace) -> Iterator[Any]:
     if args.engine != "server":
         yield None
         return
-    from asearch.engine.server import launch_engine_server
+    from asearch.engine.server.app import launch_engine_server
     from asearch.models import save_tiny
 
     policy, tok = build_policy(args.seed, args.hidden, args.layers, args.max_positions)

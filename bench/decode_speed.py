@@ -125,7 +125,7 @@ async def run_worker(model_dir: str, batches: list[int], new_tokens: int, prompt
     import torch
 
     import asearch
-    from asearch.engine.inprocess import InProcessEngine, InProcessEngineConfig
+    from asearch.engine.local.inprocess import InProcessEngine, InProcessEngineConfig
 
     torch.set_num_threads(1)
     cfg = InProcessEngineConfig(max_batch=max(batches), max_seq_len=prompt_len + new_tokens + 8, threads=1, prefix_cache_mb=0)

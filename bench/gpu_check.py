@@ -107,7 +107,7 @@ def peak_flops(device: torch.device) -> float | None:
 
 
 async def engine_greedy(model, device: str, dtype: str, prompts: list[list[int]], new: int) -> list[Any]:
-    from asearch.engine.inprocess import InProcessEngine, InProcessEngineConfig
+    from asearch.engine.local.inprocess import InProcessEngine, InProcessEngineConfig
     from asearch.engine.types import GenerateRequest, SamplingParams
 
     cfg = InProcessEngineConfig(
@@ -151,7 +151,7 @@ def parity_rows(model, args) -> list[dict[str, Any]]:
 async def engine_tokens_per_s(model, device: str, batch: int, prompt: int, new: int, cuda_graphs: bool | str = "auto") -> tuple[float, int]:
     """Output tokens/s of the in-process engine decoding `batch` requests at once (after a short warm-up), and
     the CUDA graphs it captured (engine.cuda_graphs: auto = on for CUDA; 0 on the CPU)."""
-    from asearch.engine.inprocess import InProcessEngine, InProcessEngineConfig
+    from asearch.engine.local.inprocess import InProcessEngine, InProcessEngineConfig
     from asearch.engine.types import GenerateRequest, SamplingParams
 
     vocab = model.config.vocab_size

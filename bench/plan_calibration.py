@@ -158,7 +158,7 @@ def measure_engine_step(shape: ModelShape, max_batch: int, max_seq_len: int, *, 
                         prefill_tokens: int = 2048) -> dict[str, Any]:  # fmt: skip
     """Predicted and measured peak bytes of the in-process decoder at a full KV rectangle: one prefill
     forward of `prefill_tokens` (rows of up to 512) and one decode step of every slot."""
-    from asearch.engine.decoder import DecoderSpec, DecoderWeights, RoPE, SlotKVCache, forward
+    from asearch.engine.local.decoder import DecoderSpec, DecoderWeights, RoPE, SlotKVCache, forward
 
     dev = torch.device(device)
     model = random_model(shape, dev)

@@ -33,7 +33,7 @@ import yaml
 from asearch.agent.expert import reading_plan_from_record, summary_found
 from asearch.agent.workflow import SearchAgentWorkflow
 from asearch.demo.pipeline import DemoConfig
-from asearch.engine.inprocess import InProcessEngine
+from asearch.engine.local.inprocess import InProcessEngine
 from asearch.eval.datasets import load_dataset
 from asearch.eval.runner import evaluate_workflow
 from asearch.models.loading import load_model, load_tokenizer

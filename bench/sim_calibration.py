@@ -67,7 +67,7 @@ def _nnls(rows: list[list[float]], ys: list[float]) -> list[float]:
 
 async def _probe_engine(policy, tok, reps: int) -> dict[str, float]:
     """Decode-step time at batch sizes b and contexts L: fit a + c*b + kv*b*L; prefill time per token."""
-    from asearch.engine.inprocess import InProcessEngine, InProcessEngineConfig
+    from asearch.engine.local.inprocess import InProcessEngine, InProcessEngineConfig
     from asearch.engine.types import GenerateRequest, SamplingParams
 
     engine = InProcessEngine(

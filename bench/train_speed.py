@@ -36,7 +36,7 @@ def demo_samples(n_questions: int):
     from asearch.corpus.world import WorldCorpus
     from asearch.demo.pipeline import DEMO_STYLE, DemoConfig, _Layout, _tokenizer_texts
     from asearch.demo.worlds import world_records
-    from asearch.engine.scripted import ScriptedEngine
+    from asearch.engine.local.scripted import ScriptedEngine
     from asearch.models.tiny import build_tiny_model, train_bpe_tokenizer
     from asearch.rl.sft import trajectories_to_samples
     from asearch.tools import ToolsConfig, build_tools

@@ -65,9 +65,9 @@ def make_trainer(model, *, fsdp: bool, device: str):
 async def measure(trainer, tok, urls: list[str], sups: list, work: Path, method: str, repeats: int,
                   version: int, backend: str | None = None, bucket_mb: float = 512.0) -> list[dict[str, float]]:  # fmt: skip
     """`repeats` pushes of `method`, each row {seconds, bytes}; versions from `version` + 1."""
-    from asearch.engine.http import HttpConfig
-    from asearch.engine.pool import EnginePool
-    from asearch.engine.sglang import SGLangEngine, SGLangEngineConfig
+    from asearch.engine.remote.http import HttpConfig
+    from asearch.engine.remote.pool import EnginePool
+    from asearch.engine.remote.sglang import SGLangEngine, SGLangEngineConfig
     from asearch.rl import weights as sync  # the base commit has no CollectiveWeights
 
     DiskWeights, CollectiveWeights = sync.DiskWeights, getattr(sync, "CollectiveWeights", type(None))
@@ -121,7 +121,7 @@ def table(results: dict[str, list[dict[str, float]]], n_params: int, servers: in
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from asearch.engine.server import launch_engine_server
+    from asearch.engine.server.app import launch_engine_server
     from asearch.models.tiny import save_tiny
 
     torch.set_num_threads(args.threads)

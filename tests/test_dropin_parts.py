@@ -60,12 +60,12 @@ NEW_FILES: dict[str, tuple[str, str]] = {
         ''',
     ),
     "engine kind": (
-        "engine/echo_server.py",
+        "engine/remote/echo_server.py",
         '''
         from pydantic import Field
 
         from asearch.engine.registry import ServerLaunch, ServerOptions, register_engine
-        from asearch.engine.sglang import SGLangEngine, SGLangEngineConfig
+        from asearch.engine.remote.sglang import SGLangEngine, SGLangEngineConfig
         from asearch.engine.supervisor import ServerSupervisor
 
 
@@ -201,8 +201,8 @@ out["tool"] = {"observation": obs.text, "counters": tool_counters(), "metric": m
                "report": "lookups 2.0" in report, "viewer": tool_calls_text(summary["overall"]["stats"]),
                "charted": charted}
 
-from asearch.engine.inprocess import InProcessEngineConfig
-from asearch.engine.pool import RolloutServersConfig, open_pool
+from asearch.engine.local.inprocess import InProcessEngineConfig
+from asearch.engine.remote.pool import RolloutServersConfig, open_pool
 from asearch.engine.supervisor import SupervisorConfig
 from asearch.launch.local import rollout_server_supervisor
 from asearch.launch.spec import Allocation, server_tensor_parallel

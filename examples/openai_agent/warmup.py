@@ -32,7 +32,7 @@ from asearch.agent.expert import WorldExpert, plan_from_record
 from asearch.agent.loop import AgentConfig
 from asearch.agent.openai_workflow import OpenAIAgentWorkflow
 from asearch.engine.chat_tools import CHATML_TOOLS_TEMPLATE, render_call_text
-from asearch.engine.scripted import ScriptedEngine
+from asearch.engine.local.scripted import ScriptedEngine
 from asearch.tools import ToolsConfig, build_tools
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -7,7 +7,7 @@ advantage estimators, loss corrections, search methods, web search providers and
     launcher: Annotated[str, AfterValidator(LAUNCHERS.check)] = "local"   # a config field: any registered name,
         # checked on validation (`LAUNCHERS.name_type()` is the same type, but a call is no annotation to mypy)
 
-A new part is one new module in the registry's package: every module is imported on the first lookup,
+A new part is one new module in the registry's package or a subpackage of it: every module is imported on the first lookup,
 so its registration runs without being listed anywhere. Lookups of unknown names raise a ConfigError
 naming the nearest registered one.
 """
@@ -69,17 +69,17 @@ class Registry(Generic[T]):
         return add
 
     def discover(self) -> None:
-        """Import every module of the package once. A module that looks entries up while it is being
-        imported sees those registered so far (the flag only stops the imports from starting over)."""
+        """Import every module of the package and its subpackages once. A module that looks entries up while
+        it is being imported sees those registered so far (the flag only stops the imports from starting over)."""
         if self._discovered or self._discovering:
             return
         package = importlib.import_module(self.package)
         self._discovering = True
         try:
-            for module in pkgutil.iter_modules(package.__path__):
-                name = f"{self.package}.{module.name}"
-                if not module.name.startswith("_") and self._wanted(name):
-                    importlib.import_module(name)
+            for module in pkgutil.walk_packages(package.__path__, prefix=f"{self.package}."):
+                leaf = module.name.rsplit(".", 1)[-1]
+                if not module.ispkg and not leaf.startswith("_") and self._wanted(module.name):
+                    importlib.import_module(module.name)
         finally:
             self._discovering = False
         self._discovered = True

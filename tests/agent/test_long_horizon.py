@@ -15,7 +15,7 @@ from asearch.corpus.types import Page
 from asearch.corpus.world import WorldCorpus
 from asearch.demo.presets import PRESETS
 from asearch.demo.worlds import ExpertMistakes, expert_engine, world_records
-from asearch.engine.scripted import ScriptedEngine
+from asearch.engine.local.scripted import ScriptedEngine
 from asearch.engine.types import GenerateRequest, GenerateResponse
 from asearch.metrics.qa import exact_match
 from asearch.rl.sft import trajectories_to_samples

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from asearch.agent import AgentConfig, Trajectory, run_episode
-from asearch.engine.scripted import ScriptedEngine
+from asearch.engine.local.scripted import ScriptedEngine
 from asearch.retrieval.index import open_index
 from asearch.tools import AccessTool, SearchTool
 

@@ -23,7 +23,7 @@ from asearch.agent.loop import AgentConfig  # noqa: E402
 from asearch.agent.openai_session import call_tool  # noqa: E402
 from asearch.agent.openai_workflow import OpenAIAgentWorkflow, WorkflowConfig, load_agent  # noqa: E402
 from asearch.engine.chat_tools import CHATML_TOOLS_TEMPLATE, render_call_text  # noqa: E402
-from asearch.engine.scripted import ScriptedEngine  # noqa: E402
+from asearch.engine.local.scripted import ScriptedEngine  # noqa: E402
 from asearch.engine.types import GenerateResponse  # noqa: E402
 from asearch.errors import ConfigError  # noqa: E402
 from asearch.rl.trainer import groups_to_samples  # noqa: E402
@@ -91,7 +91,7 @@ def check_token_exact(traj, calls) -> None:
 
 
 def test_every_trained_token_is_the_sampled_token_call_by_call(tokenizer, make_tiny_model) -> None:
-    from asearch.engine.inprocess import InProcessEngine, InProcessEngineConfig
+    from asearch.engine.local.inprocess import InProcessEngine, InProcessEngineConfig
 
     model = make_tiny_model(tokenizer, kv_heads=1, intermediate=64, seed=1)
     engine = Recording(InProcessEngine(model, tokenizer, cfg=InProcessEngineConfig(max_seq_len=512), version=3))

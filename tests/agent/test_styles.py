@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from asearch.agent import STYLES, AgentConfig, run_episode
-from asearch.engine.scripted import ScriptedEngine
+from asearch.engine.local.scripted import ScriptedEngine
 from asearch.tools import AccessTool, SearchTool
 from asearch.tools.find import FindTool
 

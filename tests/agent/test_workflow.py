@@ -8,7 +8,7 @@ import pytest
 
 from asearch.agent import AgentConfig
 from asearch.agent.workflow import EpisodeItem, SearchAgentWorkflow, run_workflow
-from asearch.engine.scripted import ScriptedEngine
+from asearch.engine.local.scripted import ScriptedEngine
 from asearch.engine.types import GenerateResponse
 from asearch.metrics.reward import RewardConfig
 from asearch.tools import EpisodeContext, Observation

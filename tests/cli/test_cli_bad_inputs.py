@@ -171,7 +171,7 @@ TRACE_MARKERS = ("Traceback (most recent call last)", "╭─ Traceback")
 PRELOAD = (
     "asearch.cli.app", "asearch.agent.runtime", "asearch.eval.runner", "asearch.launch.train",
     "asearch.demo.pipeline", "asearch.retrieval.server", "asearch.synth", "asearch.synth.measure",
-    "asearch.sim.run", "asearch.view", "asearch.engine.server",
+    "asearch.sim.run", "asearch.view", "asearch.engine.server.app",
 )  # fmt: skip
 
 

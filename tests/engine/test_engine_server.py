@@ -17,9 +17,9 @@ pytestmark = pytest.mark.server  # one engine server subprocess for the module
 
 torch = pytest.importorskip("torch")
 
-from asearch.engine.http import HttpConfig  # noqa: E402
-from asearch.engine.server import PrefixIndex, launch_engine_server  # noqa: E402
-from asearch.engine.sglang import SGLangEngine, SGLangEngineConfig  # noqa: E402
+from asearch.engine.remote.http import HttpConfig  # noqa: E402
+from asearch.engine.remote.sglang import SGLangEngine, SGLangEngineConfig  # noqa: E402
+from asearch.engine.server.app import PrefixIndex, launch_engine_server  # noqa: E402
 from asearch.engine.types import GenerateRequest, SamplingParams  # noqa: E402
 
 PROMPT = [11, 42, 97, 150, 23, 64]

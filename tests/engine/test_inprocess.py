@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from asearch.engine.inprocess import InProcessEngine, InProcessEngineConfig
+from asearch.engine.local.inprocess import InProcessEngine, InProcessEngineConfig
 from asearch.engine.types import Engine, GenerateRequest, SamplingParams
 from asearch.errors import ConfigError
 from asearch.models import build_tiny_model, train_bpe_tokenizer

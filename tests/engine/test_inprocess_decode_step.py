@@ -11,9 +11,9 @@ import random
 import pytest
 import torch
 
-from asearch.engine import decoder as decoder_mod
-from asearch.engine import inprocess as inprocess_mod
-from asearch.engine.decoder import (
+from asearch.engine.local import decoder as decoder_mod
+from asearch.engine.local import inprocess as inprocess_mod
+from asearch.engine.local.decoder import (
     DecodeGraphs,
     DecoderSpec,
     DecoderWeights,
@@ -22,8 +22,8 @@ from asearch.engine.decoder import (
     bucket,
     forward,
 )
-from asearch.engine.inprocess import InProcessEngine, InProcessEngineConfig
-from asearch.engine.sampling import RowSampling, filter_logits, sample
+from asearch.engine.local.inprocess import InProcessEngine, InProcessEngineConfig
+from asearch.engine.local.sampling import RowSampling, filter_logits, sample
 from asearch.engine.types import GenerateRequest, SamplingParams
 from asearch.models import build_tiny_model, train_bpe_tokenizer
 

@@ -7,9 +7,9 @@ import random
 import pytest
 import torch
 
-from asearch.engine import sampling
-from asearch.engine.decoder import DecoderSpec, DecoderWeights, RoPE, SlotKVCache, forward
-from asearch.engine.sampling import RowSampling, filter_logits, sample
+from asearch.engine.local import sampling
+from asearch.engine.local.decoder import DecoderSpec, DecoderWeights, RoPE, SlotKVCache, forward
+from asearch.engine.local.sampling import RowSampling, filter_logits, sample
 from asearch.errors import ConfigError
 
 torch.set_num_threads(1)
@@ -137,7 +137,7 @@ def test_sampler_frequencies_follow_the_filtered_distribution():
 
 
 def test_prefill_plan_respects_budget_and_cache_length():
-    from asearch.engine.inprocess import plan_prefill
+    from asearch.engine.local.inprocess import plan_prefill
 
     rng = random.Random(0)
     for _ in range(300):

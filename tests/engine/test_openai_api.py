@@ -22,8 +22,8 @@ import pytest
 torch = pytest.importorskip("torch")
 openai = pytest.importorskip("openai")
 
-from asearch.engine.openai_api import TextTracker  # noqa: E402
-from asearch.engine.server import launch_engine_server  # noqa: E402
+from asearch.engine.server.app import launch_engine_server  # noqa: E402
+from asearch.engine.server.openai_api import TextTracker  # noqa: E402
 
 SERVED = "tiny"
 MESSAGES = [{"role": "system", "content": "the river"}, {"role": "user", "content": "the mayor of city 7?"}]
@@ -308,8 +308,8 @@ def test_bad_requests_are_400s_in_openais_shape(client, server) -> None:
 def test_the_projects_openai_client_and_engine_work_against_it(server, tiny) -> None:
     """`OpenAIChatClient` (judges, synthesis) and engine kind `openai` (`ask --engine openai`): a token
     prompt that ends inside an assistant turn is continued, and the stop string is put back."""
-    from asearch.engine.openai_chat import OpenAIChatClient
     from asearch.engine.registry import EngineConfig, build_engine
+    from asearch.engine.remote.openai_chat import OpenAIChatClient
     from asearch.engine.types import GenerateRequest, SamplingParams
 
     model_dir, tok = tiny
@@ -338,8 +338,8 @@ def test_the_projects_openai_client_and_engine_work_against_it(server, tiny) -> 
 
 
 def test_a_model_without_a_chat_template_answers_chat_with_a_400(tiny, tmp_path: Path) -> None:
-    from asearch.engine.inprocess import InProcessEngineConfig
-    from asearch.engine.server import build_server, create_app
+    from asearch.engine.local.inprocess import InProcessEngineConfig
+    from asearch.engine.server.app import build_server, create_app
     from asearch.retrieval.server import serve_in_thread
 
     plain = tmp_path / "plain"

@@ -12,8 +12,8 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from asearch.engine.http import HttpConfig, backoff_delay, parse_retry_after
-from asearch.engine.openai_chat import OpenAIChatClient, OpenAIChatEngine
+from asearch.engine.remote.http import HttpConfig, backoff_delay, parse_retry_after
+from asearch.engine.remote.openai_chat import OpenAIChatClient, OpenAIChatEngine
 from asearch.engine.types import GenerateRequest, SamplingParams
 from asearch.errors import RemoteError
 

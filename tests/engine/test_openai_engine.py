@@ -14,8 +14,14 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from asearch.engine.openai_chat import ChatResult, OpenAIChatClient, OpenAIChatEngine, _restore_stop, api_root
 from asearch.engine.registry import EngineConfig, build_engine, make_engine
+from asearch.engine.remote.openai_chat import (
+    ChatResult,
+    OpenAIChatClient,
+    OpenAIChatEngine,
+    _restore_stop,
+    api_root,
+)
 from asearch.engine.types import GenerateRequest, SamplingParams
 from asearch.errors import ConfigError
 

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from asearch.engine.openai_requests import APIError, ChatCompletionRequest, CompletionRequest, parse_request
+from asearch.engine.server.openai_requests import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_request,
+)
 
 USER = [{"role": "user", "content": "hi"}]
 

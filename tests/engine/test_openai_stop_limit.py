@@ -8,7 +8,7 @@ import asyncio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from asearch.engine.openai_chat import MAX_STOP_STRINGS, OpenAIChatClient, OpenAIChatEngine
+from asearch.engine.remote.openai_chat import MAX_STOP_STRINGS, OpenAIChatClient, OpenAIChatEngine
 from asearch.engine.types import GenerateRequest, SamplingParams
 from asearch.retrieval.server import serve_in_thread
 

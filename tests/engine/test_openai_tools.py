@@ -25,8 +25,8 @@ from asearch.engine.chat_tools import (  # noqa: E402
     streamable,
     tool_call_format,
 )
-from asearch.engine.scripted import ScriptedEngine  # noqa: E402
-from asearch.engine.server import EngineServer, create_app  # noqa: E402
+from asearch.engine.local.scripted import ScriptedEngine  # noqa: E402
+from asearch.engine.server.app import EngineServer, create_app  # noqa: E402
 
 TOOLS = [
     {"type": "function", "function": {"name": "search", "description": "search the web",

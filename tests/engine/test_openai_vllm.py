@@ -42,7 +42,7 @@ def learned(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
     import re
 
     from asearch.agent import AgentConfig, run_episode
-    from asearch.engine.scripted import ScriptedEngine
+    from asearch.engine.local.scripted import ScriptedEngine
     from asearch.models.tiny import build_tiny_model, save_tiny, train_bpe_tokenizer
     from asearch.rl.optim import OptimConfig
     from asearch.rl.sft import SFTConfig, sft, trajectories_to_samples

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from asearch.engine.http import RemoteHTTPError
-from asearch.engine.pool import EnginePool
+from asearch.engine.remote.http import RemoteHTTPError
+from asearch.engine.remote.pool import EnginePool
 from asearch.engine.types import GenerateRequest, GenerateResponse
 from asearch.errors import RemoteError
 

@@ -1,6 +1,6 @@
-"""SGLangEngine against the product SGLang-protocol server (`asearch.engine.server`), served in a thread.
+"""SGLangEngine against the product SGLang-protocol server (`asearch.engine.server.app`), served in a thread.
 
-SGLang cannot run here; `asearch.engine.server` speaks the subset of its native API the client uses,
+SGLang cannot run here; `asearch.engine.server.app` speaks the subset of its native API the client uses,
 with SGLang's field names and shapes: `/generate` (input_ids, sampling_params, return_logprob ->
 meta_info.output_token_logprobs as (logprob, token_id, None), finish_reason {type: stop|length|abort},
 weight_version), `/pause_generation` (abort: running requests return what they have and new ones wait;
@@ -24,10 +24,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from asearch.engine.http import HttpConfig  # noqa: E402
-from asearch.engine.inprocess import InProcessEngine, InProcessEngineConfig  # noqa: E402
-from asearch.engine.server import EngineServer, create_app  # noqa: E402
-from asearch.engine.sglang import SGLangEngine, SGLangEngineConfig  # noqa: E402
+from asearch.engine.local.inprocess import InProcessEngine, InProcessEngineConfig  # noqa: E402
+from asearch.engine.remote.http import HttpConfig  # noqa: E402
+from asearch.engine.remote.sglang import SGLangEngine, SGLangEngineConfig  # noqa: E402
+from asearch.engine.server.app import EngineServer, create_app  # noqa: E402
 from asearch.engine.types import GenerateRequest, SamplingParams  # noqa: E402
 from asearch.errors import RemoteError  # noqa: E402
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from asearch.engine.inprocess import InProcessEngineConfig
+from asearch.engine.local.inprocess import InProcessEngineConfig
 from asearch.engine.registry import ServerLaunch, engine_kind, engine_kinds
-from asearch.engine.sglang_server import SGLangServerConfig, serve_sglang_server, sglang_server_command
+from asearch.engine.remote.sglang_server import SGLangServerConfig, serve_sglang_server, sglang_server_command
 from asearch.engine.supervisor import SupervisorConfig
 from asearch.errors import LaunchError
 
@@ -56,7 +56,7 @@ def test_an_interpreter_without_sglang_is_refused_before_launch(tmp_path) -> Non
 
 @pytest.mark.server
 def test_a_launched_server_serves_version_0_at_the_run_context(tiny_world_model_dir, tmp_path) -> None:
-    from asearch.engine.sglang import SGLangEngine
+    from asearch.engine.remote.sglang import SGLangEngine
     from asearch.engine.types import GenerateRequest, SamplingParams
 
     python = tmp_path / "python-with-sglang"  # an interpreter that finds the stand-in package

@@ -19,10 +19,10 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from asearch.engine.http import HttpConfig
+from asearch.engine.remote.http import HttpConfig
+from asearch.engine.remote.vllm import VLLMEngine, VLLMEngineConfig, with_model_arg
 from asearch.engine.supervisor import ServerSupervisor, SupervisorConfig
 from asearch.engine.types import GenerateRequest, SamplingParams
-from asearch.engine.vllm import VLLMEngine, VLLMEngineConfig, with_model_arg
 from asearch.errors import RemoteError
 from asearch.net import free_port
 

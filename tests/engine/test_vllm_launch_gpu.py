@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from asearch.engine.inprocess import InProcessEngineConfig
-from asearch.engine.pool import RolloutServersConfig
-from asearch.engine.supervisor import SupervisorConfig
-from asearch.engine.vllm import (
+from asearch.engine.local.inprocess import InProcessEngineConfig
+from asearch.engine.remote.pool import RolloutServersConfig
+from asearch.engine.remote.vllm import (
     WORKER_EXTENSION,
     WORKER_EXTENSION_DIR,
     VLLMServerConfig,
@@ -25,6 +24,7 @@ from asearch.engine.vllm import (
     vllm_server_env,
     vllm_server_supervisor,
 )
+from asearch.engine.supervisor import SupervisorConfig
 from asearch.errors import RemoteError
 from asearch.launch.local import rollout_server_supervisor
 from asearch.launch.spec import Allocation

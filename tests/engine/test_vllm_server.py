@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from asearch.engine.remote.vllm import VLLMEngine
 from asearch.engine.types import GenerateRequest, SamplingParams
-from asearch.engine.vllm import VLLMEngine
 
 torch = pytest.importorskip("torch")
 
@@ -248,7 +248,7 @@ def test_pause_freezes_and_resume_finishes(server) -> None:
 
 
 def test_openai_chat_client_against_vllm(server) -> None:
-    from asearch.engine.openai_chat import OpenAIChatClient
+    from asearch.engine.remote.openai_chat import OpenAIChatClient
 
     _, url = server
 
@@ -412,7 +412,7 @@ def test_agent_episode_on_vllm_replays_the_learned_trajectory(server, models, tm
     import re
 
     from asearch.agent import AgentConfig, run_episode
-    from asearch.engine.scripted import ScriptedEngine
+    from asearch.engine.local.scripted import ScriptedEngine
     from asearch.metrics.reward import RewardConfig, compute_reward
     from asearch.models.tiny import build_tiny_model, save_tiny
     from asearch.rl.optim import OptimConfig

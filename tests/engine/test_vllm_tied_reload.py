@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from asearch.engine.remote.vllm import VLLMEngine
 from asearch.engine.types import GenerateRequest, SamplingParams
-from asearch.engine.vllm import VLLMEngine
 
 torch = pytest.importorskip("torch")
 
@@ -141,7 +141,7 @@ def test_smollm2_reloads_in_place_instead_of_restarting(vllm_python, serve_tiny_
     in a fraction of the restart that tied models needed before (both timed here)."""
     from transformers import AutoModelForCausalLM
 
-    from asearch.engine.vllm import VLLMEngineConfig
+    from asearch.engine.remote.vllm import VLLMEngineConfig
     from asearch.models.smollm import smollm2_path
 
     try:

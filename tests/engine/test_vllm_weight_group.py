@@ -9,9 +9,9 @@ import copy
 
 import pytest
 
-from asearch.engine.pool import EnginePool
+from asearch.engine.remote.pool import EnginePool
+from asearch.engine.remote.vllm import VLLMEngine
 from asearch.engine.types import GenerateRequest, SamplingParams
-from asearch.engine.vllm import VLLMEngine
 
 torch = pytest.importorskip("torch")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asearch.engine.decoder import DecoderSpec, DecoderWeights, DecoderWeightsBuilder
+from asearch.engine.local.decoder import DecoderSpec, DecoderWeights, DecoderWeightsBuilder
 from asearch.errors import ConfigError
 
 torch.set_num_threads(1)

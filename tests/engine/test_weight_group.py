@@ -16,10 +16,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from asearch.engine.http import HttpConfig  # noqa: E402
-from asearch.engine.pool import EnginePool  # noqa: E402
-from asearch.engine.server import launch_engine_server  # noqa: E402
-from asearch.engine.sglang import SGLangEngine, SGLangEngineConfig  # noqa: E402
+from asearch.engine.remote.http import HttpConfig  # noqa: E402
+from asearch.engine.remote.pool import EnginePool  # noqa: E402
+from asearch.engine.remote.sglang import SGLangEngine, SGLangEngineConfig  # noqa: E402
+from asearch.engine.server.app import launch_engine_server  # noqa: E402
 from asearch.engine.types import GenerateRequest, SamplingParams  # noqa: E402
 from asearch.engine.weight_group import plan_buckets, reach_address  # noqa: E402
 

@@ -16,7 +16,7 @@ import re
 import sys
 
 from asearch.agent import AgentConfig, run_episode
-from asearch.engine.scripted import ScriptedEngine
+from asearch.engine.local.scripted import ScriptedEngine
 from asearch.eval.datasets import QARecord
 from asearch.eval.runner import evaluate
 

@@ -23,7 +23,7 @@ runner = CliRunner()
 def scripted_runtime(monkeypatch):
     """build_runtime -> a ScriptedEngine that always answers "Paris"; records what it was asked to build."""
     import asearch.agent.runtime as rt
-    from asearch.engine.scripted import ScriptedEngine
+    from asearch.engine.local.scripted import ScriptedEngine
 
     built = []
 

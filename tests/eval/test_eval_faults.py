@@ -67,7 +67,7 @@ def test_a_real_eval_run_with_20_percent_tool_faults_scores_clean_questions_only
     from asearch.agent.expert import WORLD_STYLE, WorldExpert, plan_from_record
     from asearch.agent.loop import AgentConfig
     from asearch.corpus.world import WorldCorpus
-    from asearch.engine.scripted import ScriptedEngine
+    from asearch.engine.local.scripted import ScriptedEngine
     from asearch.eval.datasets import load_dataset
     from asearch.eval.runner import agent_solver, evaluate_async
     from asearch.models.tiny import train_bpe_tokenizer

@@ -165,7 +165,7 @@ def test_the_verdict_prefill_is_continued_and_read_back_whole():
 
     from fastapi import FastAPI
 
-    from asearch.engine.openai_chat import OpenAIChatClient
+    from asearch.engine.remote.openai_chat import OpenAIChatClient
     from asearch.metrics.judge import JUDGE_PROMPT_VERSION, VERDICT_PREFILL, LLMJudge
     from asearch.retrieval.server import serve_in_thread
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from asearch.engine.pool import RolloutServersConfig
+from asearch.engine.remote.pool import RolloutServersConfig
 from asearch.errors import ConfigError
 from asearch.launch import registry
 from asearch.launch.registry import launcher_names, launcher_type, make_launcher, register_launcher

@@ -23,7 +23,7 @@ LOCAL = ["launcher=local", "allocation.rollout_servers=2", "allocation.server_th
 
 
 def loaded_versions(log: str) -> list[int]:
-    """Versions a server's log says it loaded, in order (asearch.engine.server logs each update)."""
+    """Versions a server's log says it loaded, in order (asearch.engine.server.app logs each update)."""
     return [int(v) for v in re.findall(r"loaded weights \S+ as weight_version (\d+)", log)]
 
 

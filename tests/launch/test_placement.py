@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from asearch.engine.pool import RolloutServersConfig
+from asearch.engine.remote.pool import RolloutServersConfig
 from asearch.errors import LaunchError
 from asearch.launch.ray import RayAllocation
 from asearch.launch.spec import Allocation, forwarded, server_tensor_parallel

@@ -75,7 +75,7 @@ def ray_args(address: str, servers: int, ranks: int) -> list[str]:
 
 def test_two_ranks_update_like_one_process(ray_cluster, tiny_world_model_dir) -> None:
     """Two FSDP ranks as Ray actors take the same step as `PolicyTrainer` in this process."""
-    from asearch.engine.pool import RolloutServersConfig
+    from asearch.engine.remote.pool import RolloutServersConfig
     from asearch.launch.ray import RayAllocation, RayLauncher
     from asearch.models.loading import load_model
     from asearch.rl.distributed import _random_samples
@@ -113,7 +113,7 @@ def test_two_ranks_update_like_one_process(ray_cluster, tiny_world_model_dir) ->
 
 
 def test_an_allocation_larger_than_the_cluster_is_refused(ray_cluster) -> None:
-    from asearch.engine.pool import RolloutServersConfig
+    from asearch.engine.remote.pool import RolloutServersConfig
     from asearch.errors import LaunchError
     from asearch.launch.ray import RayAllocation, RayLauncher
 

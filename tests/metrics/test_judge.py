@@ -11,7 +11,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from asearch.engine.openai_chat import OpenAIChatClient
+from asearch.engine.remote.openai_chat import OpenAIChatClient
 from asearch.metrics.judge import JUDGE_SYSTEM_PROMPT, LLMJudge, parse_judgement
 from asearch.retrieval.server import serve_in_thread
 

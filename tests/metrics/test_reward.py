@@ -128,7 +128,7 @@ def test_on_trajectories_from_the_real_loop(replies, reward, format_ok, char_tok
     import asyncio
 
     from asearch.agent import AgentConfig, run_episode
-    from asearch.engine.scripted import ScriptedEngine
+    from asearch.engine.local.scripted import ScriptedEngine
 
     queue = list(replies)
     tok = char_tokenizer

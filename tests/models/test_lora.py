@@ -106,7 +106,7 @@ def test_lora_trainer_learns_checkpoints_small_and_resumes_exactly(policy, tmp_p
 
 
 def test_inprocess_engine_serves_the_merged_lora_policy(policy):
-    from asearch.engine.inprocess import InProcessEngine, InProcessEngineConfig
+    from asearch.engine.local.inprocess import InProcessEngine, InProcessEngineConfig
     from asearch.engine.types import GenerateRequest, SamplingParams
 
     tok, model = policy

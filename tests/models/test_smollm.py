@@ -62,7 +62,7 @@ def test_cache_root_follows_env(monkeypatch, tmp_path):
 
 @pytest.mark.slow  # first run converts the GGUF (~30-60 s on 2 cores); later runs load the cache
 def test_converted_smollm2_answers_capital_of_france_in_process():
-    from asearch.engine.inprocess import InProcessEngine, InProcessEngineConfig
+    from asearch.engine.local.inprocess import InProcessEngine, InProcessEngineConfig
     from asearch.engine.types import GenerateRequest, SamplingParams
     from asearch.models import load_model, load_tokenizer
 

@@ -130,7 +130,7 @@ def test_one_status_set_and_delays() -> None:
 
 
 def test_old_knob_names_load_with_a_warning() -> None:
-    from asearch.engine.http import HttpConfig
+    from asearch.engine.remote.http import HttpConfig
     from asearch.web import ResilienceConfig
 
     with pytest.warns(FutureWarning, match="'backoff_base_s' is deprecated, use 'backoff_s'"):
@@ -148,7 +148,7 @@ def test_old_knob_names_load_with_a_warning() -> None:
 
 
 def test_engine_client() -> None:
-    from asearch.engine.http import HttpConfig, JsonHttpClient
+    from asearch.engine.remote.http import HttpConfig, JsonHttpClient
 
     script = Script(("status", 503, "0.3"), ("drop",), ("json", 200, {"text": "hi"}))
     with scripted_server(script) as url:
@@ -159,7 +159,7 @@ def test_engine_client() -> None:
 
 
 def test_openai_chat_client_and_judge_do_not_retry_on_top() -> None:
-    from asearch.engine.openai_chat import OpenAIChatClient
+    from asearch.engine.remote.openai_chat import OpenAIChatClient
     from asearch.metrics.judge import LLMJudge
 
     reply = {"choices": [{"message": {"content": '{"judgement": "correct"}'}, "finish_reason": "stop"}]}

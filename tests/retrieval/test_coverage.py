@@ -99,7 +99,7 @@ def test_cli_data_check_and_the_eval_line(index_dir, dataset, monkeypatch, tmp_p
 
     # asearch eval prints the same lines beside its scores, for the index its tools searched
     import asearch.agent.runtime as rt
-    from asearch.engine.scripted import ScriptedEngine
+    from asearch.engine.local.scripted import ScriptedEngine
 
     class Chars:
         eos_token_id = None

@@ -14,7 +14,7 @@ import torch
 
 from asearch.agent.workflow import SearchAgentWorkflow
 from asearch.config import load_config
-from asearch.engine.inprocess import InProcessEngine
+from asearch.engine.local.inprocess import InProcessEngine
 from asearch.launch.train import TrainConfig, load_records
 from asearch.models.loading import load_model, load_tokenizer
 from asearch.rl.loop import TrainingLoop, cycle_data, episode_seed

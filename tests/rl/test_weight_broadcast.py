@@ -44,8 +44,8 @@ def _rank(tmp: Path) -> None:
     torch.set_num_threads(1)
     from transformers import AutoModelForCausalLM
 
-    from asearch.engine.pool import EnginePool
-    from asearch.engine.sglang import SGLangEngine
+    from asearch.engine.remote.pool import EnginePool
+    from asearch.engine.remote.sglang import SGLangEngine
     from asearch.rl.distributed import DistributedPolicyTrainer, init_distributed
     from asearch.rl.trainer import OptimConfig, TrainerConfig
     from asearch.rl.weights import CollectiveWeights, DiskWeights
@@ -83,8 +83,8 @@ def _rank(tmp: Path) -> None:
 @pytest.mark.slow  # two rank processes and a server: about a minute on 2 cores
 @pytest.mark.timeout(300)
 def test_fsdp_ranks_broadcast_to_a_server(tmp_path: Path) -> None:
-    from asearch.engine.server import launch_engine_server
-    from asearch.engine.sglang import SGLangEngine
+    from asearch.engine.remote.sglang import SGLangEngine
+    from asearch.engine.server.app import launch_engine_server
     from asearch.engine.types import GenerateRequest, SamplingParams
     from asearch.models.tiny import build_tiny_model, save_tiny, train_bpe_tokenizer
     from asearch.net import free_port

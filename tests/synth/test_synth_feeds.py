@@ -15,7 +15,7 @@ CORPUS = "world:seed=5,entities=300"  # the corpus of the graph_questions fixtur
 
 def test_the_eval_runner_scores_a_searching_agent_on_them(graph_questions, char_tokenizer, tmp_path):
     from asearch.agent import AgentConfig
-    from asearch.engine.scripted import ScriptedEngine
+    from asearch.engine.local.scripted import ScriptedEngine
     from asearch.eval import agent_solver, evaluate, load_dataset
     from asearch.tools import ToolsConfig, build_tools
 

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from asearch.agent import AgentConfig, run_episode
 from asearch.agent.trajectory import Trajectory
-from asearch.engine.scripted import ScriptedEngine
+from asearch.engine.local.scripted import ScriptedEngine
 from asearch.errors import RemoteError
 from asearch.retrieval.client import RetrievalClient
 from asearch.tools import (

@@ -9,7 +9,7 @@ import pytest
 
 from asearch.agent import AgentConfig, run_episode
 from asearch.corpus.types import Document, Page
-from asearch.engine.scripted import ScriptedEngine
+from asearch.engine.local.scripted import ScriptedEngine
 from asearch.retrieval.index import IndexConfig, build_index
 from asearch.tools import EpisodeContext, ToolsConfig, build_tools, run_tool
 from asearch.tools.find import FindTool

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from asearch.agent import AgentConfig, run_episode
-from asearch.engine.scripted import ScriptedEngine
+from asearch.engine.local.scripted import ScriptedEngine
 from asearch.eval.datasets import QARecord
 from asearch.eval.runner import evaluate
 from asearch.metrics.offpolicy import (

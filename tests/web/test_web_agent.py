@@ -10,7 +10,7 @@ import re
 import pytest
 
 from asearch.agent import AgentConfig, run_episode
-from asearch.engine.scripted import ScriptedEngine
+from asearch.engine.local.scripted import ScriptedEngine
 from asearch.runs import RunDir
 from asearch.tools import AccessTool, SearchTool
 from asearch.web import (

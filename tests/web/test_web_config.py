@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from asearch.agent.runtime import RuntimeConfig
 from asearch.config import load_config
-from asearch.engine.scripted import ScriptedEngine
+from asearch.engine.local.scripted import ScriptedEngine
 from asearch.errors import ConfigError
 from asearch.tools import build_tools
 from asearch.web.runtime import web_metrics

@@ -37,7 +37,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from asearch.agent.loop import AgentConfig, turn_seed
 from asearch.agent.trajectory import Segment, Trajectory, Turn
 from asearch.engine.chat_tools import ParsedReply
-from asearch.engine.openai_api import APIError, complete, json_body
+from asearch.engine.server.openai_api import APIError, complete, json_body
 from asearch.engine.types import Engine, GenerateRequest, GenerateResponse, SamplingParams, Tokenizer
 from asearch.tools import EpisodeContext, Tool, run_tool, tool_counter
 

@@ -190,7 +190,7 @@ class OpenAIAgentWorkflow:
 def _remote_client(engine: Engine) -> Any:
     """A plain `openai.AsyncOpenAI` to the endpoint an `openai`-kind engine talks to (evaluation against a vLLM
     server or a hosted API: nothing to record), else None."""
-    from asearch.engine.openai_chat import OpenAIChatEngine
+    from asearch.engine.remote.openai_chat import OpenAIChatEngine
 
     if not isinstance(engine, OpenAIChatEngine):
         return None

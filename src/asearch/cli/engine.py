@@ -18,7 +18,7 @@ from asearch.engine.registry import EngineConfig
 from asearch.errors import ConfigError
 
 if TYPE_CHECKING:
-    from asearch.engine.inprocess import InProcessEngineConfig
+    from asearch.engine.local.inprocess import InProcessEngineConfig
 
 app = typer.Typer(help="Inference engines: serve a model to a trainer or an agent.", no_args_is_help=True)
 
@@ -72,13 +72,13 @@ def serve(
     Its options are the in-process engine's `engine.*` keys, as `asearch train` and `eval` take them
     (engine.threads, engine.max_batch, engine.max_seq_len, engine.prefill_chunk, engine.device, engine.dtype, ...;
     docs/engines.md); `--max-batch 64` reads as `engine.max_batch=64`. Talk to it with
-    `asearch.engine.sglang.SGLangEngine(url)`, or any OpenAI client at URL/v1; see docs/engines-remote.md.
+    `asearch.engine.remote.sglang.SGLangEngine(url)`, or any OpenAI client at URL/v1; see docs/engines-remote.md.
     """
     import os
 
     import torch
 
-    from asearch.engine.server import build_server, run_engine_server
+    from asearch.engine.server.app import build_server, run_engine_server
     from asearch.net import free_port, is_loopback
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -147,7 +147,7 @@ def _exit_with_parent(poll_s: float = 1.0) -> None:
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(poll_s)
-        logging.getLogger("asearch.engine.server").warning("parent process %d is gone: shutting down", parent)
+        logging.getLogger("asearch.engine.server.app").warning("parent process %d is gone: shutting down", parent)
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(10)
         os._exit(1)

@@ -397,7 +397,8 @@ def run_demo(cfg: DemoConfig, *, log=print) -> dict[str, Any]:
 
     # ---- 5. asynchronous RL (resumes from rl/checkpoints)
     train_cfg = cfg.rl_stage(run.path)
-    log(f"[5/6] asynchronous RL for up to {train_cfg.max_rl_seconds:.0f}s")
+    seconds = train_cfg.max_rl_seconds
+    log(f"[5/6] asynchronous RL for up to {train_cfg.steps} steps" + (f" or {seconds:.0f}s" if seconds is not None else ""))
     rl_run = RunDir(train_cfg.out)
     rl_summary = asyncio.run(train(train_cfg, run=rl_run, log=lambda m: log("      " + m), model=model, tokenizer=tokenizer))
 
@@ -704,7 +705,7 @@ def _episode_rows(episodes: EpisodeScores, records) -> list[dict[str, Any]]:
 
 def _heldout(model, tokenizer, tools_cfg: ToolsConfig, records, cfg: DemoConfig) -> EpisodeScores:
     """Greedy episodes (scored with the RL reward's metric) of `model` on `records`, with the set-up's threads."""
-    from asearch.engine.inprocess import InProcessEngine
+    from asearch.engine.local.inprocess import InProcessEngine
 
     agent = cfg.rl.agent.model_copy(update={"temperature": 0.0})
 

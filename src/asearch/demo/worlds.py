@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from asearch.agent.loop import AgentConfig, run_episode
-from asearch.engine.scripted import ScriptedEngine
+from asearch.engine.local.scripted import ScriptedEngine
 from asearch.engine.types import Tokenizer
 from asearch.eval.datasets import QARecord
 from asearch.rl.sft import trajectories_to_samples

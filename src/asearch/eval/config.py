@@ -11,8 +11,8 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from asearch.config import Config
-from asearch.engine.openai_chat import flat_endpoint_keys
 from asearch.engine.registry import EngineConfig
+from asearch.engine.remote.openai_chat import flat_endpoint_keys
 from asearch.errors import AsearchError
 
 __all__ = [
@@ -187,7 +187,7 @@ def local_judge_server(cfg: JudgeConfig, *, log_path: Path) -> Iterator[str | No
     if not cfg.local:
         yield None
         return
-    from asearch.engine.server import engine_server_supervisor
+    from asearch.engine.server.app import engine_server_supervisor
     from asearch.engine.supervisor import SupervisorConfig
 
     sup, url = engine_server_supervisor(
@@ -218,7 +218,7 @@ def build_judge(cfg: JudgeConfig, *, url: str | None = None) -> tuple[Any, Any]:
         raise AsearchError("judge.local is set but no local judge server url was given (see local_judge_server)")
     else:
         return None, None
-    from asearch.engine.openai_chat import chat_client
+    from asearch.engine.remote.openai_chat import chat_client
     from asearch.metrics.judge import VERDICT_PREFILL, LLMJudge
 
     client = chat_client(engine)

@@ -20,8 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from asearch.engine.inprocess import InProcessEngineConfig
-from asearch.engine.pool import RolloutServersConfig
+from asearch.engine.local.inprocess import InProcessEngineConfig
+from asearch.engine.remote.pool import RolloutServersConfig
 from asearch.engine.supervisor import ServerSupervisor, SupervisorConfig
 from asearch.launch.registry import register_launcher
 from asearch.launch.spec import Allocation, Launcher, server_tensor_parallel

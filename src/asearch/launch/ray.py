@@ -28,8 +28,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from asearch.engine.inprocess import InProcessEngineConfig
-from asearch.engine.pool import RolloutServersConfig
+from asearch.engine.local.inprocess import InProcessEngineConfig
+from asearch.engine.remote.pool import RolloutServersConfig
 from asearch.engine.supervisor import SupervisorConfig
 from asearch.errors import LaunchError, TrainerRankError
 from asearch.launch.registry import register_launcher

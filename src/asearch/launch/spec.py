@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import Field
 
 from asearch.config import Config
-from asearch.engine.pool import RolloutServersConfig
 from asearch.engine.registry import EngineConfig
+from asearch.engine.remote.pool import RolloutServersConfig
 from asearch.engine.supervisor import SupervisorConfig
 from asearch.files import atomic_write_json
 

@@ -33,9 +33,9 @@ from pydantic_core import PydanticCustomError
 from asearch.agent.loop import AgentConfig
 from asearch.agent.openai_workflow import WorkflowConfig, make_workflow
 from asearch.agent.workflow import EpisodeItem, RolloutWorkflow
-from asearch.engine.inprocess import InProcessEngine
-from asearch.engine.pool import EnginePool, RolloutServersConfig, open_pool
+from asearch.engine.local.inprocess import InProcessEngine
 from asearch.engine.registry import EngineConfig
+from asearch.engine.remote.pool import EnginePool, RolloutServersConfig, open_pool
 from asearch.engine.types import Engine, Tokenizer
 from asearch.errors import ConfigError
 from asearch.launch.registry import launcher_names, launcher_type, make_launcher

@@ -56,7 +56,7 @@ Predicted answer: {prediction}"""
 
 
 class ChatClient(Protocol):
-    """What the judge needs from a chat endpoint (asearch.engine.openai_chat.OpenAIChatClient fits)."""
+    """What the judge needs from a chat endpoint (asearch.engine.remote.openai_chat.OpenAIChatClient fits)."""
 
     async def chat(self, messages: list[dict[str, str]], **sampling: Any) -> Any:
         """Return an object whose `.text` is the reply."""

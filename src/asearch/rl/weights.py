@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from asearch.engine.pool import EnginePool
+from asearch.engine.remote.pool import EnginePool
 from asearch.engine.types import Engine
 from asearch.engine.weight_group import Bucket, GroupAddress, parse_dtype, plan_buckets, signal_abort
 from asearch.models.lora import merged_state_dict

@@ -8,8 +8,8 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from asearch.config import Config
-from asearch.engine.openai_chat import flat_endpoint_keys
 from asearch.engine.registry import EngineConfig
+from asearch.engine.remote.openai_chat import flat_endpoint_keys
 from asearch.net import RetryConfig
 from asearch.synth.backend import SYNTH_BACKENDS, backend_kind
 

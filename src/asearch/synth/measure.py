@@ -103,7 +103,7 @@ async def measure_difficulty(s: MeasureSettings, *, log: Any = print) -> dict[st
 
 async def _direct(s: MeasureSettings, records: list[Any]) -> Any:
     """The tool-less model: one greedy direct answer per question, with the difficulty gate's prompt."""
-    from asearch.engine.inprocess import InProcessEngine, InProcessEngineConfig
+    from asearch.engine.local.inprocess import InProcessEngine, InProcessEngineConfig
     from asearch.engine.types import GenerateRequest, SamplingParams
     from asearch.eval import evaluate_async
 
@@ -135,7 +135,7 @@ async def _expert_agent(s: MeasureSettings, records: list[Any], corpus: str) -> 
     from asearch.agent import AgentConfig
     from asearch.agent.expert import WORLD_STYLE
     from asearch.agent.runtime import Runtime
-    from asearch.engine.scripted import ScriptedEngine
+    from asearch.engine.local.scripted import ScriptedEngine
     from asearch.eval import agent_solver, evaluate_async
     from asearch.models.loading import load_tokenizer
     from asearch.synth.expert import synth_expert
@@ -174,7 +174,7 @@ async def _model_agent(s: MeasureSettings, records: list[Any], corpus: str) -> t
     """An LLM search agent (in process) with the asearch runtime's tools."""
     from asearch.agent.loop import AgentConfig
     from asearch.agent.runtime import RuntimeConfig, build_runtime
-    from asearch.engine.inprocess import InProcessEngineConfig
+    from asearch.engine.local.inprocess import InProcessEngineConfig
     from asearch.engine.registry import EngineConfig
     from asearch.eval import agent_solver, evaluate_async
     from asearch.tools import ToolsConfig

@@ -114,8 +114,8 @@ class EngineDirectSolver:
 
 def build_solver(cfg: SolverConfig) -> DirectSolver:
     """The configured solver, its engine built through the registry (a local model is loaded here)."""
-    from asearch.engine.openai_chat import OpenAIChatEngine
     from asearch.engine.registry import make_engine
+    from asearch.engine.remote.openai_chat import OpenAIChatEngine
 
     if cfg.engine.kind == "inprocess":
         import torch
@@ -129,7 +129,7 @@ def build_solver(cfg: SolverConfig) -> DirectSolver:
 
 def chat_client(cfg: EndpointConfig) -> Any:
     """An `OpenAIChatClient` for an endpoint config (its engine, kind openai)."""
-    from asearch.engine.openai_chat import chat_client as engine_chat_client
+    from asearch.engine.remote.openai_chat import chat_client as engine_chat_client
 
     return engine_chat_client(cfg.engine)
 

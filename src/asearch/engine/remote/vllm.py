@@ -24,7 +24,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from asearch.config import Config
-from asearch.engine.http import (
+from asearch.engine.registry import EngineConfig, ServerLaunch, ServerOptions, register_engine
+from asearch.engine.remote.http import (
     Chunk,
     HttpConfig,
     JsonHttpClient,
@@ -33,7 +34,6 @@ from asearch.engine.http import (
     check_weights_dir,
     ties_embeddings,
 )
-from asearch.engine.registry import EngineConfig, ServerLaunch, ServerOptions, register_engine
 from asearch.engine.supervisor import ServerSupervisor, SupervisorConfig
 from asearch.engine.types import GenerateRequest, WeightSource
 from asearch.engine.weight_group import Bucket, GroupAddress
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 VLLMDevice = Literal["cpu", "cuda"]
 # In-place reload that also refreshes a tied LM head: a vLLM worker extension shipped in this folder.
 WORKER_EXTENSION = "asearch_vllm_ext.WeightReload"
-WORKER_EXTENSION_DIR = Path(__file__).resolve().with_name("vllm_ext")  # first on the server's PYTHONPATH
+WORKER_EXTENSION_DIR = Path(__file__).resolve().parents[1] / "vllm_ext"  # first on the server's PYTHONPATH
 TIED_RELOAD_RPC = "asearch_reload_weights"
 
 
@@ -377,7 +377,7 @@ def default_vllm_python() -> str:
     """The interpreter of the separate vLLM venv: $ASEARCH_VLLM_PYTHON, else `.venv-vllm` in the repo."""
     if env := os.environ.get("ASEARCH_VLLM_PYTHON"):
         return env
-    for root in (Path.cwd(), Path(__file__).resolve().parents[3]):
+    for root in (Path.cwd(), Path(__file__).resolve().parents[4]):
         cand = root / ".venv-vllm" / "bin" / "python"
         if cand.exists():
             return str(cand)
@@ -680,7 +680,7 @@ def build_vllm(
     return VLLMEngine(cfg.base_url, cfg.model, cfg=cfg.options, supervisors=supervisors)
 
 
-if __name__ == "__main__":  # pragma: no cover - manual smoke: python -m asearch.engine.vllm MODEL_DIR
+if __name__ == "__main__":  # pragma: no cover - manual smoke: python -m asearch.engine.remote.vllm MODEL_DIR
     logging.basicConfig(level=logging.INFO)
     sup, url = launch_vllm_server(sys.argv[1], log_path="vllm-server.log")
     print(f"vLLM serving {sys.argv[1]} at {url}; Ctrl-C stops it")

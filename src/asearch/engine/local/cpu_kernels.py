@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import torch
     from torch import Tensor
 
-    from asearch.engine.decoder import DecoderSpec
+    from asearch.engine.local.decoder import DecoderSpec
 
 log = logging.getLogger(__name__)
 

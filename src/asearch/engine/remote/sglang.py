@@ -22,14 +22,14 @@ from typing import Any, Literal
 from pydantic import Field
 
 from asearch.config import Config
-from asearch.engine.http import (
+from asearch.engine.registry import EngineConfig, ServerLaunch, register_engine
+from asearch.engine.remote.http import (
     Chunk,
     HttpConfig,
     JsonHttpClient,
     ResumableRemoteEngine,
     check_weights_dir,
 )
-from asearch.engine.registry import EngineConfig, ServerLaunch, register_engine
 from asearch.engine.supervisor import ServerSupervisor
 from asearch.engine.types import UPDATE_KV_HELP, GenerateRequest, UpdateKV, WeightSource
 from asearch.engine.weight_group import Bucket, GroupAddress
@@ -260,7 +260,7 @@ def serve_rollout_server(launch: ServerLaunch) -> tuple[ServerSupervisor, str]:
     """Rollout server `launch.index` of a run (not started): `asearch engine serve` (SGLang's API) with every
     in-process option of the run's engine (`engine.*`: batch, length, prefill chunk and budget, device, dtype,
     prefix cache, ...), `launch.threads` torch threads and a seed of its own."""
-    from asearch.engine.server import engine_server_supervisor
+    from asearch.engine.server.app import engine_server_supervisor
 
     # its own seed (servers sample different streams) and the allocation's threads, not the in-process engine's
     engine = launch.engine.model_copy(update={"seed": launch.seed + launch.index, "threads": launch.threads})

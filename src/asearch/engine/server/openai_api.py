@@ -1,6 +1,6 @@
 """OpenAI's API on the engine server: `/v1/chat/completions`, `/v1/completions` and `/v1/models`.
 
-`mount_openai_api(app, server)` adds these routes to the app of `asearch.engine.server`, so any model
+`mount_openai_api(app, server)` adds these routes to the app of `asearch.engine.server.app`, so any model
 `asearch engine serve` loads answers the official `openai` client, the project's `OpenAIChatClient` (judges,
 synthesis, `ask --engine openai`) and curl. Every choice is one `EngineServer.run`: it joins the engine's
 continuous batch beside `/generate` requests, waits at the same pause / weight-update gate and reuses the
@@ -49,7 +49,7 @@ from asearch.engine.chat_tools import (
     template_message,
     tool_call_format,
 )
-from asearch.engine.openai_requests import (
+from asearch.engine.server.openai_requests import (
     MAX_CHOICES,
     APIError,
     ChatCompletionRequest,
@@ -68,7 +68,7 @@ __all__ = ["APIError", "TextTracker", "complete", "json_body", "mount_openai_api
 
 
 class TokenServer(Protocol):
-    """What the routes need of `asearch.engine.server.EngineServer` (a protocol: that module imports this one)."""
+    """What the routes need of `asearch.engine.server.app.EngineServer` (a protocol: that module imports this one)."""
 
     engine: Any  # an engine with a `tokenizer`; `max_seq_len` and `config.vocab_size` are used when present
     model_path: str

@@ -21,8 +21,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field
 
-from asearch.engine.http import HttpConfig, JsonHttpClient, RemoteHTTPError
 from asearch.engine.registry import register_engine
+from asearch.engine.remote.http import HttpConfig, JsonHttpClient, RemoteHTTPError
 from asearch.engine.types import GenerateRequest, GenerateResponse, StopReason, WeightSource
 from asearch.errors import ConfigError, RemoteError
 from asearch.net import RetryConfig

@@ -42,9 +42,9 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from asearch.engine.decoder import DecoderWeights, DecoderWeightsBuilder
+    from asearch.engine.local.decoder import DecoderWeights, DecoderWeightsBuilder
+    from asearch.engine.local.sampling import RowSampling
     from asearch.engine.registry import EngineConfig
-    from asearch.engine.sampling import RowSampling
 
 log = logging.getLogger(__name__)
 
@@ -175,8 +175,8 @@ class InProcessEngine:
     ):
         import torch
 
-        from asearch.engine.cpu_kernels import kernels_for
-        from asearch.engine.decoder import DecodeGraphs, DecoderSpec, DecoderWeights, RoPE, SlotKVCache
+        from asearch.engine.local.cpu_kernels import kernels_for
+        from asearch.engine.local.decoder import DecodeGraphs, DecoderSpec, DecoderWeights, RoPE, SlotKVCache
         from asearch.models.device import resolve_device, resolve_dtype
         from asearch.models.lora import base_model, merged_state_dict
 
@@ -282,7 +282,7 @@ class InProcessEngine:
     def weight_builder(self) -> DecoderWeightsBuilder:
         """An empty set of weights of this engine's layout, dtype and device, to fill tensor by tensor while
         generation goes on (a weight broadcast); `update_weights(builder.finish(), ...)` then only swaps."""
-        from asearch.engine.decoder import DecoderWeightsBuilder
+        from asearch.engine.local.decoder import DecoderWeightsBuilder
 
         return DecoderWeightsBuilder(self.spec, self._dtype, self.device, reuse=self._take_spare_weights())
 
@@ -361,7 +361,7 @@ class InProcessEngine:
         return await fut
 
     def _make_row(self, req: GenerateRequest, loop: asyncio.AbstractEventLoop) -> _Row:
-        from asearch.engine.sampling import RowSampling
+        from asearch.engine.local.sampling import RowSampling
 
         sp = req.sampling
         ids = req.input_ids
@@ -534,7 +534,7 @@ class InProcessEngine:
     def _do_update(self, source: WeightSource | DecoderWeights, version: int, kv: UpdateKV) -> None:
         import torch
 
-        from asearch.engine.decoder import DecoderWeights, load_safetensors_dir
+        from asearch.engine.local.decoder import DecoderWeights, load_safetensors_dir
 
         t = time.perf_counter()
         if self._stream is not None:  # the source may still be being written on another stream
@@ -616,7 +616,7 @@ class InProcessEngine:
     def _step(self) -> None:
         import torch
 
-        from asearch.engine.sampling import sample
+        from asearch.engine.local.sampling import sample
 
         self._admit()
         rows = self._rows
@@ -672,8 +672,8 @@ class InProcessEngine:
         """One forward over rows 0..n-1, each decoding its last token: next-token logits (n, vocab)."""
         import torch
 
-        from asearch.engine.decoder import forward
-        from asearch.engine.sampling import host_tensor_to
+        from asearch.engine.local.decoder import forward
+        from asearch.engine.local.sampling import host_tensor_to
 
         tokens = [r.tokens[-1] for r in self._rows[:n]]
         starts = [r.cached for r in self._rows[:n]]
@@ -693,8 +693,8 @@ class InProcessEngine:
         append their next-token logits to `logits` and their index to `ready`."""
         import torch
 
-        from asearch.engine.decoder import forward
-        from asearch.engine.sampling import host_tensor_to
+        from asearch.engine.local.decoder import forward
+        from asearch.engine.local.sampling import host_tensor_to
 
         rows, dev = self._rows, self.device
         if first == len(rows):

@@ -1,8 +1,8 @@
 """An inference server for `InProcessEngine` that speaks SGLang's native protocol (the subset RL needs)
-and OpenAI's API (`asearch.engine.openai_api`).
+and OpenAI's API (`asearch.engine.server.openai_api`).
 
 `asearch engine serve MODEL` (or `launch_engine_server`) runs the in-process engine in its own process
-behind the endpoints `asearch.engine.sglang.SGLangEngine` uses, so a trainer talks to it exactly as it
+behind the endpoints `asearch.engine.remote.sglang.SGLangEngine` uses, so a trainer talks to it exactly as it
 would to an SGLang server: generation and training run in different processes, on different cores, and
 weights arrive from disk (`/update_weights_from_disk`) or over a weight group the trainer broadcasts on
 (`/init_weights_update_group`, `/update_weights_from_distributed`).
@@ -42,13 +42,13 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from asearch.engine.openai_api import APIError, json_body, mount_openai_api
+from asearch.engine.server.openai_api import APIError, json_body, mount_openai_api
 from asearch.engine.supervisor import ServerSupervisor, SupervisorConfig
 from asearch.engine.types import GenerateRequest, GenerateResponse, SamplingParams
 from asearch.errors import ConfigError
 
 if TYPE_CHECKING:
-    from asearch.engine.inprocess import InProcessEngine, InProcessEngineConfig
+    from asearch.engine.local.inprocess import InProcessEngine, InProcessEngineConfig
     from asearch.engine.weight_group import WeightGroup
 
 log = logging.getLogger(__name__)
@@ -491,7 +491,7 @@ class EngineServer:
         stats = self.engine.stats()
         return {
             **self.model_info(),
-            "engine": "asearch.engine.inprocess.InProcessEngine",
+            "engine": "asearch.engine.local.inprocess.InProcessEngine",
             "engine_config": self.engine.cfg.model_dump(),
             "paused": self.paused,
             "inflight": self._inflight,
@@ -582,7 +582,7 @@ def build_server(
 ) -> EngineServer:
     """Load `model` (a directory, HF name or built-in alias) into an `InProcessEngine` and wrap it;
     OpenAI requests name it `served_model_name` (default: `model` as given)."""
-    from asearch.engine.inprocess import InProcessEngine
+    from asearch.engine.local.inprocess import InProcessEngine
 
     engine = InProcessEngine.from_pretrained(model, cfg=cfg)
     eos = getattr(engine.tokenizer, "eos_token_id", None)

@@ -22,9 +22,9 @@ from typing import Any, Literal
 from pydantic import Field
 
 from asearch.engine.registry import EngineConfig, ServerLaunch, ServerOptions, register_engine
-from asearch.engine.sglang import SGLangEngine, SGLangEngineConfig, build_sglang
+from asearch.engine.remote.sglang import SGLangEngine, SGLangEngineConfig, build_sglang
+from asearch.engine.remote.vllm import server_gpus
 from asearch.engine.supervisor import ServerSupervisor
-from asearch.engine.vllm import server_gpus
 from asearch.errors import LaunchError
 from asearch.net import free_port
 

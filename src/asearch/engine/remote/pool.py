@@ -40,7 +40,6 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from asearch.config import Config
-from asearch.engine.http import RETRY_STATUS, HttpConfig, RemoteHTTPError
 from asearch.engine.registry import (
     ENGINES,
     EngineConfig,
@@ -49,6 +48,7 @@ from asearch.engine.registry import (
     engine_kinds,
     make_engine,
 )
+from asearch.engine.remote.http import RETRY_STATUS, HttpConfig, RemoteHTTPError
 from asearch.engine.types import (
     UPDATE_KV_HELP,
     Engine,

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from asearch.engine.cpu_kernels import CpuKernels
+    from asearch.engine.local.cpu_kernels import CpuKernels
 
 
 @dataclass(slots=True)
