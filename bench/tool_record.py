@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import inspect
 import shutil
 import tempfile
 import time
@@ -20,28 +19,24 @@ from pathlib import Path
 from typing import Any
 
 from asearch.corpus.world import WorldCorpus
-from asearch.tools import ToolsConfig, build_tools, record_metrics, run_tool
+from asearch.tools import ToolsConfig, open_tools, record_metrics, run_tool
 
 CORPUS = "world:seed=1000,entities=300"
 
 
 async def searches(cfg: dict[str, Any], record_dir: Path | None, queries: list[str], in_flight: int):
     """(seconds, the record counters, the observations' text) of `queries` through the search tool."""
-    tools, closers = build_tools(ToolsConfig.model_validate(cfg), progress=False, record_dir=record_dir)
     gate = asyncio.Semaphore(in_flight)
+    async with open_tools(ToolsConfig.model_validate(cfg), progress=False, record_dir=record_dir) as tools:
 
-    async def one(query: str) -> str:
-        async with gate:
-            return (await run_tool(tools["search"], query)).text
+        async def one(query: str) -> str:
+            async with gate:
+                return (await run_tool(tools["search"], query)).text
 
-    start = time.perf_counter()
-    texts = await asyncio.gather(*(one(q) for q in queries))
-    seconds = time.perf_counter() - start
-    counters = record_metrics(tools)
-    for close in closers:
-        if inspect.isawaitable(res := close()):
-            await res
-    return seconds, counters, texts
+        start = time.perf_counter()
+        texts = await asyncio.gather(*(one(q) for q in queries))
+        seconds = time.perf_counter() - start
+        return seconds, record_metrics(tools), texts
 
 
 def main() -> None:

@@ -14,8 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import difflib
-import inspect
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,7 @@ from asearch.rl.loop import EvalSchedule, LoopConfig, TrainingLoop, write_summar
 from asearch.rl.trainer import PolicyTrainer, Trainer
 from asearch.rl.weights import CollectiveWeights, DiskWeights, LiveWeights, WeightSync, weight_metrics
 from asearch.runs import RunDir
-from asearch.tools import Tool, ToolsConfig, build_tools, tool_metrics
+from asearch.tools import Tool, ToolsConfig, open_tools, tool_metrics
 from asearch.tools.replay import RECORD_DIR
 
 Log = Callable[[str], Any]
@@ -218,7 +217,9 @@ async def train(cfg: TrainConfig, *, run: RunDir, log: Log = print, model: Any =
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model)
     records = load_records(cfg.data)
     async with contextlib.AsyncExitStack() as stack:  # unwinds in reverse: engine, launcher, tools
-        tools, workflow, heldout_workflow, heldout = _open_workflows(cfg, tokenizer, records, stack, run.path / RECORD_DIR)
+        tools, workflow, heldout_workflow, heldout = await _open_workflows(
+            cfg, tokenizer, records, stack, run.path / RECORD_DIR
+        )
         launcher = make_launcher(
             cfg.launcher, cfg.model, cfg.allocation, cfg.servers, engine=cfg.engine, log_dir=run.path / "logs",
             seed=cfg.seed, trainer_threads=cfg.trainer_threads, log=log,
@@ -285,19 +286,19 @@ def load_records(spec: str) -> list[dict[str, Any]]:
     return [r.model_dump(mode="json") for r in load_dataset(spec)]
 
 
-def _open_workflows(
+async def _open_workflows(
     cfg: TrainConfig, tokenizer: Tokenizer, records: Sequence[dict[str, Any]], stack: contextlib.AsyncExitStack,
     record_dir: Path,
 ) -> tuple[Mapping[str, Tool], RolloutWorkflow, RolloutWorkflow | None, list[Any]]:
     """(training tools, the training workflow, the held-out workflow or None, held-out records); the
-    tools' closers go on `stack`. Every tool records into (or replays) the run's one record, `tools.record`."""
+    tools are opened on `stack`. Every tool records into (or replays) the run's one record, `tools.record`."""
     from asearch.eval.datasets import load_dataset
 
-    closers: list[Any] = []
-    stack.push_async_callback(_close_all, closers)
-    tools, more = build_tools(cfg.tools, progress=False, record_dir=record_dir)
-    closers += more
-    tools_of = _tools_per_corpus(cfg, records, tools, closers, record_dir) if cfg.corpus_from_data else {}
+    def open_on_stack(tools_cfg: ToolsConfig) -> Any:
+        return stack.enter_async_context(open_tools(tools_cfg, progress=False, record_dir=record_dir))
+
+    tools = await open_on_stack(cfg.tools)
+    tools_of = await _tools_per_corpus(cfg, records, tools, open_on_stack) if cfg.corpus_from_data else {}
 
     def choose_tools(item: EpisodeItem) -> Mapping[str, Tool]:
         return tools_of.get(item.metadata.get("corpus") or "", tools)
@@ -307,23 +308,15 @@ def _open_workflows(
         return tools, workflow, None, []
     heldout_tools = tools
     if cfg.heldout.tools is not None:
-        heldout_cfg = cfg.heldout.tools.model_copy(update={"record": cfg.tools.record})
-        heldout_tools, more = build_tools(heldout_cfg, progress=False, record_dir=record_dir)
-        closers += more
+        heldout_tools = await open_on_stack(cfg.heldout.tools.model_copy(update={"record": cfg.tools.record}))
     greedy = cfg.agent.model_copy(update={"temperature": 0.0})
     heldout_workflow = make_workflow(cfg.workflow, tokenizer, heldout_tools, greedy, cfg.reward)
     return tools, workflow, heldout_workflow, load_dataset(cfg.heldout.dataset)
 
 
-async def _close_all(closers: Sequence[Any]) -> None:
-    for close in closers:
-        if inspect.isawaitable(res := close()):  # web and server clients close asynchronously
-            await res
-
-
-def _tools_per_corpus(
-    cfg: TrainConfig, records: Sequence[dict[str, Any]], default_tools: Any, closers: list[Any],
-    record_dir: Path | None = None,
+async def _tools_per_corpus(
+    cfg: TrainConfig, records: Sequence[dict[str, Any]], default_tools: Any,
+    open_tools_for: Callable[[ToolsConfig], Awaitable[Mapping[str, Tool]]],
 ) -> dict[str, Any]:
     """corpus spec -> tools over it, for every corpus the records name (`corpus_from_data`)."""
     corpora = {r["metadata"].get("corpus") for r in records}
@@ -335,9 +328,7 @@ def _tools_per_corpus(
         )
     out = {cfg.tools.corpus: default_tools} if cfg.tools.corpus else {}
     for corpus in sorted(corpora - set(out)):
-        corpus_cfg = cfg.tools.model_copy(update={"corpus": corpus, "index": None})
-        out[corpus], more = build_tools(corpus_cfg, progress=False, record_dir=record_dir)
-        closers.extend(more)
+        out[corpus] = await open_tools_for(cfg.tools.model_copy(update={"corpus": corpus, "index": None}))
     return out
 
 

@@ -40,7 +40,7 @@ from asearch.synth.llm_backend import LLMBackend, answer_changed, json_reply, sp
 from asearch.synth.records import Statement, Uniqueness
 from asearch.synth.solver import DirectResult, answer_seed
 from asearch.synth.synthesizer import Attempt, Synthesizer, edit_step
-from asearch.tools import EpisodeContext, Observation, Tool, ToolArgumentError
+from asearch.tools import EpisodeContext, Observation, Tool, ToolArgumentError, close_all
 
 if TYPE_CHECKING:
     from asearch.engine.types import Engine, Tokenizer
@@ -392,10 +392,7 @@ class AgentSynthesizer:
         return attempt
 
     async def aclose(self) -> None:
-        for close in reversed(self._closers):
-            result = close()
-            if hasattr(result, "__await__"):
-                await result
+        await close_all(self._closers)
 
 
 def build_agent_synthesizer(cfg: SynthConfig, synth: Synthesizer, *, engine: Any = None) -> AgentSynthesizer:
