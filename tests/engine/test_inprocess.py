@@ -17,7 +17,6 @@ import torch
 from asearch.engine.local.inprocess import InProcessEngine, InProcessEngineConfig
 from asearch.engine.types import Engine, GenerateRequest, SamplingParams
 from asearch.errors import ConfigError
-from asearch.models import build_tiny_model, train_bpe_tokenizer
 
 torch.set_num_threads(1)
 
@@ -30,19 +29,19 @@ CORPUS = [
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return train_bpe_tokenizer(CORPUS, vocab_size=360)
+def tokenizer(make_tokenizer):
+    return make_tokenizer(CORPUS, vocab_size=360)
 
 
 @pytest.fixture(scope="module")
-def model(tokenizer):
-    return build_tiny_model(tokenizer, hidden=64, layers=2, heads=4, kv_heads=2, seed=0)
+def model(tokenizer, make_tiny_model):
+    return make_tiny_model(tokenizer, hidden=64, layers=2, heads=4, kv_heads=2)
 
 
 @pytest.fixture(scope="module")
-def model_b(tokenizer):
+def model_b(tokenizer, make_tiny_model):
     """A second set of weights for update tests: same shapes, different values."""
-    return build_tiny_model(tokenizer, hidden=64, layers=2, heads=4, kv_heads=2, seed=1)
+    return make_tiny_model(tokenizer, hidden=64, layers=2, heads=4, kv_heads=2, seed=1)
 
 
 def make_engine(model, tokenizer=None, **cfg) -> InProcessEngine:

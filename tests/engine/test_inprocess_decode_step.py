@@ -25,7 +25,7 @@ from asearch.engine.local.decoder import (
 from asearch.engine.local.inprocess import InProcessEngine, InProcessEngineConfig
 from asearch.engine.local.sampling import RowSampling, filter_logits, sample
 from asearch.engine.types import GenerateRequest, SamplingParams
-from asearch.models import build_tiny_model, train_bpe_tokenizer
+from asearch.models import build_tiny_model
 
 torch.set_num_threads(1)
 
@@ -36,13 +36,13 @@ CORPUS = [
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return train_bpe_tokenizer(CORPUS, vocab_size=400)
+def tokenizer(make_tokenizer):
+    return make_tokenizer(CORPUS, vocab_size=400)
 
 
 @pytest.fixture(scope="module")
-def model(tokenizer):
-    return build_tiny_model(tokenizer, hidden=64, layers=2, heads=4, kv_heads=2, seed=0)
+def model(tokenizer, make_tiny_model):
+    return make_tiny_model(tokenizer, hidden=64, layers=2, heads=4, kv_heads=2)
 
 
 def reference_sample(logits: torch.Tensor, rows: list[RowSampling]) -> tuple[list[int], list[float]]:

@@ -6,23 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import yaml
 
 from asearch.eval.job import EvalRunConfig, run_eval
 from asearch.eval.runner import read_results
 
 WORLD = "world:seed=1000,entities=300"
-
-
-@pytest.fixture(scope="module")
-def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("torch")
-    from asearch.models.tiny import train_bpe_tokenizer
-
-    directory = tmp_path_factory.mktemp("job-tok")
-    train_bpe_tokenizer(["<search> a</search><answer> b</answer> the world"] * 20, vocab_size=300).save_pretrained(directory)
-    return directory
 
 
 def _config(tok_dir: Path, out: Path, **eval_keys: object) -> EvalRunConfig:
