@@ -32,11 +32,14 @@ def _demo(out: Path, *overrides: str, seed: int = 3) -> subprocess.CompletedProc
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("tokenizer", ["bpe", "word"])
-def test_demo_writes_summary_plot_report_and_rl_run(tmp_path: Path, tokenizer: str) -> None:
+@pytest.mark.parametrize(("tokenizer", "rl_seconds"), [("bpe", "15"), ("word", "null")])
+def test_demo_writes_summary_plot_report_and_rl_run(tmp_path: Path, tokenizer: str, rl_seconds: str) -> None:
+    """Both tokenizers; RL bounded by steps and time, or by steps alone (`rl.max_rl_seconds=null`)."""
     out = tmp_path / "demo"
-    done = _demo(out, f"tokenizer={tokenizer}")
+    done = _demo(out, f"tokenizer={tokenizer}", f"rl.max_rl_seconds={rl_seconds}")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    bound = "2 steps or 15s" if rl_seconds == "15" else "2 steps\n"
+    assert f"asynchronous RL for up to {bound}" in done.stdout + done.stderr
     summary = json.loads((out / "summary.json").read_text())
     for key in ("seed", "heldout_acc_before", "heldout_acc_after", "rl_wall_seconds", "wall_seconds"):
         assert key in summary, key
