@@ -1,4 +1,4 @@
-"""The C kernels of the decode step (asearch/engine/cpu_kernels.c) against torch's ops: attention with RoPE and
+"""The C kernels of the decode step (asearch/engine/local/cpu_kernels.c) against torch's ops: attention with RoPE and
 the K/V write in the same decoder forward, and the sampler."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A training session per episode: an OpenAI endpoint over the policy engine that records every token.
 
     agent(client, item) ── client.chat.completions.create(...) ──> /sessions/{id}/v1/chat/completions
-        -> `engine.openai_api.complete` (chat template, tools, parsing) -> EpisodeSession.run -> engine.generate
+        -> `engine.server.openai_api.complete` (chat template, tools, parsing) -> EpisodeSession.run -> engine.generate
         -> the call recorded token in, token out: prompt ids, the sampled ids, their log-probs and versions
 
 Each episode gets its own `EpisodeSession` and an `openai.AsyncOpenAI` pointed at its URL on a

@@ -96,7 +96,7 @@ class InProcessEngineConfig(Config):
         "auto",
         description="the decode step's attention (with RoPE and the K/V write), RMS norms and sampler on the CPU "
         "in float32: "
-        "native: C kernels (asearch/engine/cpu_kernels.c) built at first use by the system C compiler; torch: "
+        "native: C kernels (asearch/engine/local/cpu_kernels.c) built at first use by the system C compiler; torch: "
         "torch's ops; auto: native where they build, else torch (native errors instead); ignored on other "
         "devices and dtypes",
     )
