@@ -13,17 +13,10 @@ from typing import Annotated, Any, TypeVar
 import typer
 from pydantic import BaseModel, ValidationError
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+from rich.progress import Progress
 
 from asearch.errors import ConfigError
+from asearch.progress import progress_bar
 
 # Off a terminal (a log file, a pipe) rich would wrap at 80 columns and break long log lines in two: there
 # text lines are never wrapped, and tables and panels get this width (COLUMNS, when set, wins).
@@ -145,20 +138,9 @@ def split_corpus_from_overrides(args: list[str]) -> tuple[str | None, list[str]]
 
 
 def progress(transient: bool = False) -> Progress:
-    """A progress bar with count, rate and ETA; unknown totals show a spinner. Off a terminal, rich draws a
-    bar once, when it stops: a transient one is then not drawn at all (it would leave an empty line)."""
-    return Progress(
-        SpinnerColumn(),
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]}", style="dim"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        transient=transient,
-        disable=transient and not console.is_terminal,
-    )
+    """The commands' progress bar: count, rate and ETA on the log console (a transient one is not drawn off a
+    terminal, where it would leave an empty line)."""
+    return progress_bar("{task.fields[rate]}", console=console, transient=transient)
 
 
 def from_options(model: type[M], options: dict[str, Any], *, over: BaseModel | None = None) -> M:

@@ -221,25 +221,9 @@ class _Progress:
         self.failed = 0
         self.bar: Any = None
         if enabled:
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
+            from asearch.progress import progress_bar
 
-            self.bar = Progress(
-                TextColumn("[bold]eval"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[running]}"),
-                TimeElapsedColumn(),
-                TimeRemainingColumn(),
-                console=Console(stderr=True),
-            )
+            self.bar = progress_bar("{task.fields[running]}")
             self.task = self.bar.add_task("eval", total=total, completed=self.n, running=self._text())
 
     def _text(self) -> str:
