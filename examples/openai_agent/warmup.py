@@ -128,15 +128,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     mismatches = sum(t.counters.get("prompt_mismatches", 0) for t in trajs)
     samples = trajectories_to_samples(trajs)
     mean_len = sum(len(s.token_ids) for s in samples) / max(len(samples), 1)
-    print(f"{len(trajs)} expert episodes: mean reward {reward:.3f}, {mismatches} prompt mismatches, mean {mean_len:.0f} tokens")
+    print(f"{len(trajs)} expert episodes: mean reward {reward:.3f}, {mismatches} prompt mismatches, mean {mean_len:.0f} tokens", flush=True)
     c = load_model(args.demo / "model-sft").config  # the demo's shape, fresh weights: both agents start from SFT alone
     model = build_tiny_model(tokenizer, hidden=c.hidden_size, layers=c.num_hidden_layers, heads=c.num_attention_heads,
                              max_positions=c.max_position_embeddings, seed=demo.seed)  # fmt: skip
     model.set_attn_implementation(demo.attention)
     torch.set_num_threads(demo.setup_threads)
     sft_cfg = demo.sft.model_copy(update={"seed": demo.seed, **({"steps": args.sft_steps} if args.sft_steps else {})})
-    losses = sft(model, samples, sft_cfg)
-    print(f"SFT {sft_cfg.steps} steps: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+
+    def on_step(step: int, loss: float) -> None:
+        if (step + 1) % 100 == 0:
+            print(f"sft step {step + 1}/{sft_cfg.steps} loss {loss:.3f}", flush=True)
+
+    losses = sft(model, samples, sft_cfg, on_step=on_step)
+    print(f"SFT {sft_cfg.steps} steps: loss {losses[0]:.3f} -> {losses[-1]:.3f}", flush=True)
     save_tiny(model, tokenizer, args.out)
 
 
