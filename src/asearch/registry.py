@@ -7,9 +7,9 @@ advantage estimators, loss corrections, search methods, web search providers and
     launcher: Annotated[str, AfterValidator(LAUNCHERS.check)] = "local"   # a config field: any registered name,
         # checked on validation (`LAUNCHERS.name_type()` is the same type, but a call is no annotation to mypy)
 
-A new part is one new module in the registry's package or a subpackage of it: every module is imported on the first lookup,
-so its registration runs without being listed anywhere. Lookups of unknown names raise a ConfigError
-naming the nearest registered one.
+A new part is one new module in the registry's package or a subpackage of it: every module is imported on
+the first lookup, so its registration runs without being listed anywhere. Lookups of unknown names raise a
+ConfigError naming the nearest registered one.
 """
 
 from __future__ import annotations

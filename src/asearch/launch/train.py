@@ -294,7 +294,7 @@ async def _open_workflows(
     tools are opened on `stack`. Every tool records into (or replays) the run's one record, `tools.record`."""
     from asearch.eval.datasets import load_dataset
 
-    def open_on_stack(tools_cfg: ToolsConfig) -> Any:
+    def open_on_stack(tools_cfg: ToolsConfig) -> Awaitable[dict[str, Tool]]:
         return stack.enter_async_context(open_tools(tools_cfg, progress=False, record_dir=record_dir))
 
     tools = await open_on_stack(cfg.tools)
