@@ -10,10 +10,10 @@ A kind's options sit flat beside `kind`, `model` and `base_url`, and are validat
 model the kind registered (`cfg.options` returns it typed); an unknown key names the nearest valid one.
 A kind is one module of `asearch.engine` or of its subpackages (`local`, `remote`, `server`) that calls
 `@register_engine(...)` on its build function; every such module is imported on the first lookup, so a new
-engine is one new file. A kind whose servers
-a launcher starts gives `serve` (a `ServeHook`: the server of one `ServerLaunch`) and, when its servers take
-options of their own, `server_options` (a `ServerOptions` model: the section `rollout_servers.<section>`). Engine modules
-must stay cheap to import (torch, transformers inside functions): `--help` lists the kinds.
+engine is one new file. A kind whose servers a launcher starts gives `serve` (a `ServeHook`: the server of
+one `ServerLaunch`) and, when its servers take options of their own, `server_options` (a `ServerOptions`
+model: the section `rollout_servers.<section>`). Engine modules must stay cheap to import (torch,
+transformers inside functions): `--help` lists the kinds.
 """
 
 from __future__ import annotations
