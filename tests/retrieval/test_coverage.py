@@ -83,6 +83,17 @@ def test_coverage_per_data_source_with_misses(index_dir, dataset):
     assert lines[-1].startswith("coverage overall: answer in corpus 75.0% (6/8)")
 
 
+def test_records_without_a_data_source_count_under_their_files_name(index_dir, tmp_path):
+    """FlashRAG's `nq_test.jsonl` rows name no data_source: the lines say `nq_test`, not a placeholder."""
+    path = tmp_path / "nq_test.jsonl"
+    rows = [{"id": f"test_{i}", "question": q, "golden_answers": g} for i, (s, q, g) in enumerate(QUESTIONS) if s == "nq"]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with open_index(index_dir) as index:
+        report = check_coverage(load_dataset(str(path)), index, k=1)
+    assert report.lines() == ["coverage nq_test: answer in corpus 75.0% (3/4), in top-1 for the question 50.0% (2/4)"]
+    assert all(line.startswith("nq_test ") for line in report.miss_lines())
+
+
 def test_cli_data_check_and_the_eval_line(index_dir, dataset, monkeypatch, tmp_path):
     from asearch.cli.eval import app, data_app
 

@@ -102,7 +102,8 @@ def _in_corpus(bm25: Any, store: Any, golds: Sequence[str]) -> str:
 def check_coverage(
     records: Sequence[QARecord], index: Any, *, k: int = 5, method: str = "bm25", examples: int = 3, batch: int = 256
 ) -> CoverageReport:
-    """Coverage of `records` by the opened `index` (asearch.retrieval.Index), per data_source."""
+    """Coverage of `records` by the opened `index` (asearch.retrieval.Index), per data_source (a record without
+    one counts under its dataset's name, e.g. `nq_test` for FlashRAG's nq_test.jsonl)."""
     t0 = time.perf_counter()
     bm25, retriever, store = index.retriever("bm25"), index.retriever(method), index.passages
     sources: dict[str, SourceCoverage] = {}
@@ -111,7 +112,7 @@ def check_coverage(
         part = records[start : start + batch]
         ranked = retriever.search([r.question for r in part], k)
         for rec, hits in zip(part, ranked, strict=True):
-            c = sources.setdefault(rec.data_source, SourceCoverage())
+            c = sources.setdefault(rec.data_source or rec.dataset, SourceCoverage())
             verdict = _in_corpus(bm25, store, rec.golds)
             retrieved = any(has_answer(rec.golds, f"{h.passage.title} {h.passage.text}") for h in hits)
             for counts in (c, overall):
