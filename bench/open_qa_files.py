@@ -24,6 +24,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+from asearch.files import atomic_write_text
+
 WHEEL = "pyserini-0.16.0-py3-none-any.whl"
 JAR = "pyserini/resources/jars/anserini-0.14.1-fatjar.jar"
 TOPICS = {  # output name -> the topic file in the jar (question TAB python list of answers)
@@ -58,9 +60,7 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         for name, member in TOPICS.items():
             rows = read_topics(jar.read(member).decode("utf-8"))
-            tmp = args.out / f".{name}.jsonl.tmp"
-            tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-            tmp.replace(args.out / f"{name}.jsonl")
+            atomic_write_text(args.out / f"{name}.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
             print(f"{args.out / f'{name}.jsonl'}: {len(rows):,} questions")
 
 
