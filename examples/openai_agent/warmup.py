@@ -100,6 +100,29 @@ def expert_trajectories(
                 close()
 
 
+def fitted_tokenizer(demo: Any) -> Any:
+    """A BPE fitted by the demo's recipe (its vocabulary size, on its tokenizer worlds: no training or held-out
+    world) on the example's own text: those worlds' pages as search results and the expert's episodes there
+    through this agent. The demo's tokenizer knows its agent's tags; this one knows the chat template's roles,
+    the call's JSON and the system prompt, which the demo's spells out byte by byte (a call: 64 tokens, 10 in
+    the built-in agent's tags)."""
+    from asearch.demo.pipeline import page_texts, tokenizer_worlds
+    from asearch.models.tiny import DEFAULT_SPECIAL_TOKENS, train_bpe_tokenizer
+
+    byte_tokenizer = train_bpe_tokenizer([], vocab_size=300)  # no merges: the episodes decode to their exact text
+    byte_tokenizer.chat_template = CHATML_TOOLS_TEMPLATE
+    texts: list[str] = []
+    for corpus, tools, records in tokenizer_worlds(demo):
+        rows = [r.to_jsonl_dict() for r in records]
+        trajs = expert_trajectories(byte_tokenizer, rows, tools, seed=demo.seed, p_skip=demo.p_skip, p_wrong=demo.p_wrong, skip_at=demo.skip_at)
+        episodes = (byte_tokenizer.decode([t for seg in traj.segments for t in seg.token_ids]) for traj in trajs)
+        texts += [re.sub("|".join(map(re.escape, DEFAULT_SPECIAL_TOKENS)), "\n", text) for text in episodes]
+        texts += page_texts(corpus, tools.search.topk)
+    tokenizer = train_bpe_tokenizer(texts, vocab_size=demo.vocab_size, whole_numbers=demo.whole_numbers)
+    tokenizer.chat_template = CHATML_TOOLS_TEMPLATE
+    return tokenizer
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     import json
 
@@ -116,11 +139,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--episodes", type=int, default=None, help="expert episodes (default: the demo's)")
     p.add_argument("--sft-steps", type=int, default=None, help="SFT steps (default: the demo's)")
+    p.add_argument("--tokenizer", choices=["own", "demo"], default="own",
+                   help="own: a BPE fitted by the demo's recipe on this agent's text (fitted_tokenizer); demo: the demo's")
     args = p.parse_args(argv)
     demo = load_config(DemoConfig, args.demo / "config.yaml", [])
     torch.manual_seed(demo.seed)
-    tokenizer = load_tokenizer(args.demo / "model-sft")
-    tokenizer.chat_template = CHATML_TOOLS_TEMPLATE
+    if args.tokenizer == "own":
+        tokenizer = fitted_tokenizer(demo)
+    else:
+        tokenizer = load_tokenizer(args.demo / "model-sft")
+        tokenizer.chat_template = CHATML_TOOLS_TEMPLATE
     questions = [json.loads(line) for line in (args.demo / "data" / "train.jsonl").read_text().splitlines() if line.strip()]
     records = list(itertools.islice(itertools.cycle(questions), args.episodes or demo.expert_episodes))
     trajs = expert_trajectories(tokenizer, records, demo.rl.tools, seed=demo.seed, p_skip=demo.p_skip, p_wrong=demo.p_wrong, skip_at=demo.skip_at)

@@ -60,6 +60,28 @@ def test_warmup_trains_a_fresh_model_of_the_demos_shape(save_world_model, tmp_pa
     write_jsonl(demo / "data" / "train.jsonl", (r.to_jsonl_dict() for r in records))
     cfg = DemoConfig.model_validate({"expert_episodes": 16, "sft": {"steps": 2, "batch_size": 4}, "setup_threads": 1})
     dump_config(cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"tools": cfg.rl.tools.model_copy(update={"corpus": "world:seed=1,entities=200"})})}), demo / "config.yaml")
-    warmup.main(["--demo", str(demo), "--out", str(tmp_path / "sft")])
+    warmup.main(["--demo", str(demo), "--out", str(tmp_path / "sft"), "--tokenizer", "demo"])
     tok = load_tokenizer(tmp_path / "sft")
     assert "<tool_call>" in tok.chat_template and (tmp_path / "sft" / "config.json").exists()
+
+
+def test_the_examples_own_tokenizer_knows_its_template_and_renders_exactly() -> None:
+    """`fitted_tokenizer`: the demo's BPE recipe (its vocabulary size, its tokenizer world) on the example's own
+    text. The template's words become tokens, and the expert's episodes through it still re-render exactly."""
+    from asearch.demo.pipeline import DemoConfig
+    from asearch.engine.chat_tools import render_call_text
+    from asearch.eval.datasets import load_dataset
+    from asearch.models.tiny import train_bpe_tokenizer
+
+    warmup = _warmup()
+    cfg = DemoConfig.model_validate({"world_entities": 200, "vocab_size": 800})
+    assert cfg.rl.tools.access is None  # the demo offers search alone
+    tok = warmup.fitted_tokenizer(cfg)
+    assert len(tok) == 800 and "<tool_call>" in tok.chat_template
+    call = render_call_text([{"name": "search", "arguments": {"query": " Kota Films"}}], "hermes") + "<|im_end|>"
+    demo_recipe = train_bpe_tokenizer([], vocab_size=800)  # what a tokenizer that never saw the template does: bytes
+    assert len(tok(call)["input_ids"]) * 2 < len(demo_recipe(call)["input_ids"])
+    records = [r.model_dump(mode="json") for r in load_dataset("world:seed=1,entities=200,n=12")]  # not its world
+    trajs = warmup.expert_trajectories(tok, records, cfg.rl.tools.model_copy(update={"corpus": "world:seed=1,entities=200"}), p_skip=0.0, p_wrong=0.0)
+    assert len(trajs) == 12 and sum(t.counters.get("prompt_mismatches", 0) for t in trajs) == 0
+    assert sum(t.reward for t in trajs) / len(trajs) >= 0.75

@@ -269,7 +269,7 @@ def _tokenizer_texts(corpus, records, cfg: DemoConfig, layout: _Layout) -> Any:
     """Pages as search results, and questions, actions and observations, so tags and result headers are known."""
     from asearch.agent.expert import act
 
-    yield from _page_texts(corpus, cfg.rl.tools.search.topk)
+    yield from page_texts(corpus, cfg.rl.tools.search.topk)
     for r in records[:500]:
         ev = r.metadata["evidence"]
         yield DEMO_STYLE["user_template"].format(question=r.question) + act("search", ev[0]["entity"])
@@ -297,7 +297,7 @@ def _tools_over(cfg: DemoConfig, seed: int) -> ToolsConfig:
     return cfg.rl.tools.model_copy(update={"corpus": _world(cfg, seed, cfg.world_entities).name})
 
 
-def _page_texts(corpus, topk: int) -> Any:
+def page_texts(corpus, topk: int) -> Any:
     """Every page of `corpus` as the compact search results show it, `topk` to a text."""
     docs = list(corpus.documents())
     for k in range(0, len(docs), topk):
@@ -545,11 +545,23 @@ def _world_jobs(cfg: DemoConfig, layout: _Layout) -> list[WorldJob]:
     jobs.append(_world_job(cfg, layout.heldout_seed, cfg.heldout_entities, cfg.heldout_questions, "world-heldout",
                            layout.heldout_tools))  # fmt: skip
     if cfg.tokenizer == "bpe" and cfg.model is None:
-        for seed in layout.tokenizer_seeds:
-            # long pages: the tokenizer learns from expert episodes on its worlds, so those need their indexes
-            tools = _tools_over(cfg, seed) if cfg.pages == "long" else None
-            jobs.append(_world_job(cfg, seed, cfg.world_entities, 300, "world-tokenizer", tools, name_answers=False))
+        jobs += [_tokenizer_job(cfg, seed) for seed in layout.tokenizer_seeds]
     return jobs
+
+
+def _tokenizer_job(cfg: DemoConfig, seed: int) -> WorldJob:
+    # long pages: the tokenizer learns from expert episodes on its worlds, so those need their indexes
+    tools = _tools_over(cfg, seed) if cfg.pages == "long" else None
+    return _world_job(cfg, seed, cfg.world_entities, 300, "world-tokenizer", tools, name_answers=False)
+
+
+def tokenizer_worlds(cfg: DemoConfig) -> list[tuple[Any, ToolsConfig, list[QARecord]]]:
+    """The worlds a tiny model's BPE is fitted on (no training or held-out world), each with its tools and the
+    questions phase 1 makes there: for an agent of another format to fit its own tokenizer by the demo's recipe."""
+    return [
+        (_world(cfg, seed, cfg.world_entities), _tools_over(cfg, seed), prepare_world(_tokenizer_job(cfg, seed)))
+        for seed in _Layout.of(cfg).tokenizer_seeds
+    ]
 
 
 def _world_job(
@@ -590,7 +602,7 @@ def _word_tokenizer(cfg: DemoConfig, layout: _Layout, data: DemoData) -> Any:
     byte_tok = train_bpe_tokenizer([], vocab_size=300)
     texts = _expert_texts(byte_tok, data.per_world[0][:300], layout.train_tools[0], _byte_budgets(layout.agent), cfg)
     topk = cfg.rl.tools.search.topk
-    pages = (_page_texts(_world(cfg, seed, cfg.world_entities), topk) for seed in layout.train_seeds)
+    pages = (page_texts(_world(cfg, seed, cfg.world_entities), topk) for seed in layout.train_seeds)
     return train_word_tokenizer(itertools.chain(texts, itertools.chain.from_iterable(pages)))
 
 
