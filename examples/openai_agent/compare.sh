@@ -2,6 +2,7 @@
 # The example agent beside the built-in one on the CPU demo's world and budget, for one seed:
 #
 #   examples/openai_agent/compare.sh SEED [demo overrides, e.g. rl.max_rl_seconds=300 sft.steps=400]
+#   WARMUP_ARGS="--threads 1" examples/openai_agent/compare.sh SEED    # warmup.py's options (--tokenizer demo, ...)
 #
 # 1. `asearch demo`: the built-in agent (worlds, questions, tokenizer, expert SFT, RL, held-out before/after);
 # 2. warmup.py: a fresh model of the demo's shape on the world expert's episodes played through the example
@@ -17,7 +18,7 @@ PY=${PY:-.venv/bin/python}
 AGENT=examples/openai_agent/search_agent.py:agent
 
 [ -f "$OUT/demo/summary.json" ] || $PY -m asearch demo --seed "$SEED" --out "$OUT/demo" "$@"
-[ -f "$OUT/openai-sft/config.json" ] || $PY examples/openai_agent/warmup.py --demo "$OUT/demo" --out "$OUT/openai-sft"
+[ -f "$OUT/openai-sft/config.json" ] || $PY examples/openai_agent/warmup.py --demo "$OUT/demo" --out "$OUT/openai-sft" ${WARMUP_ARGS:-}
 [ -f "$OUT/openai-rl/summary.json" ] || $PY -m asearch train "$OUT/demo/rl/config.yaml" \
     model="$OUT/openai-sft" engine.model="$OUT/openai-sft" out="$OUT/openai-rl" \
     workflow.kind=openai_agent workflow.agent=$AGENT agent.max_new_tokens=64

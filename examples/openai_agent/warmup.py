@@ -139,6 +139,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--episodes", type=int, default=None, help="expert episodes (default: the demo's)")
     p.add_argument("--sft-steps", type=int, default=None, help="SFT steps (default: the demo's)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads for SFT (default: the demo's setup_threads)")
     p.add_argument("--tokenizer", choices=["own", "demo"], default="own",
                    help="own: a BPE fitted by the demo's recipe on this agent's text (fitted_tokenizer); demo: the demo's")
     args = p.parse_args(argv)
@@ -161,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     model = build_tiny_model(tokenizer, hidden=c.hidden_size, layers=c.num_hidden_layers, heads=c.num_attention_heads,
                              max_positions=c.max_position_embeddings, seed=demo.seed)  # fmt: skip
     model.set_attn_implementation(demo.attention)
-    torch.set_num_threads(demo.setup_threads)
+    torch.set_num_threads(args.threads or demo.setup_threads)
     sft_cfg = demo.sft.model_copy(update={"seed": demo.seed, **({"steps": args.sft_steps} if args.sft_steps else {})})
 
     def on_step(step: int, loss: float) -> None:
