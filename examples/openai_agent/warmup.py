@@ -11,8 +11,9 @@ sharpens.
     asearch train runs/demo-seed0/rl/config.yaml model=runs/openai-agent-sft engine.model=runs/openai-agent-sft \
         out=runs/openai-agent-rl workflow.kind=openai_agent workflow.agent=examples/openai_agent/search_agent.py:agent
 
-`--demo` takes a finished (or SFT-done) `asearch demo` run: its training questions, its tokenizer and model
-shape (fresh weights), its expert's mistakes, SFT settings and episode count, so the two agents start alike
+`--demo` takes a finished (or SFT-done) `asearch demo` run: its training questions, its model shape (fresh
+weights), its tokenizer recipe (fitted on this agent's own text, `fitted_tokenizer`; `--tokenizer demo` takes the
+demo's tokenizer itself), its expert's mistakes, SFT settings and episode count, so the two agents start alike
 (`compare.sh` runs both).
 """
 
@@ -104,8 +105,7 @@ def fitted_tokenizer(demo: Any) -> Any:
     """A BPE fitted by the demo's recipe (its vocabulary size, on its tokenizer worlds: no training or held-out
     world) on the example's own text: those worlds' pages as search results and the expert's episodes there
     through this agent. The demo's tokenizer knows its agent's tags; this one knows the chat template's roles,
-    the call's JSON and the system prompt, which the demo's spells out byte by byte (a call: 64 tokens, 10 in
-    the built-in agent's tags)."""
+    the call's JSON and the system prompt, which the demo's spells out byte by byte (docs/agents-openai.md)."""
     from asearch.demo.pipeline import page_texts, tokenizer_worlds
     from asearch.models.tiny import DEFAULT_SPECIAL_TOKENS, train_bpe_tokenizer
 
