@@ -42,7 +42,7 @@ def example_rows(run: Path, model: Path, name: str) -> list[tuple[int, float]]:
          "workflow.kind=openai_agent", f"workflow.agent={AGENT}", "agent.max_new_tokens=64"],
         check=True, stdout=subprocess.DEVNULL,
     )  # fmt: skip
-    hops = {json.loads(line)["id"]: json.loads(line)["metadata"]["hops"] for line in heldout.open()}
+    hops = {r["id"]: r["metadata"]["hops"] for r in map(json.loads, heldout.open())}
     return [(hops[r["id"]], r["em"]) for r in map(json.loads, (out / "results.jsonl").open())]
 
 

@@ -111,12 +111,13 @@ def fitted_tokenizer(demo: Any) -> Any:
 
     byte_tokenizer = train_bpe_tokenizer([], vocab_size=300)  # no merges: the episodes decode to their exact text
     byte_tokenizer.chat_template = CHATML_TOOLS_TEMPLATE
+    specials = re.compile("|".join(map(re.escape, DEFAULT_SPECIAL_TOKENS)))
     texts: list[str] = []
     for corpus, tools, records in tokenizer_worlds(demo):
         rows = [r.to_jsonl_dict() for r in records]
         trajs = expert_trajectories(byte_tokenizer, rows, tools, seed=demo.seed, p_skip=demo.p_skip, p_wrong=demo.p_wrong, skip_at=demo.skip_at)
         episodes = (byte_tokenizer.decode([t for seg in traj.segments for t in seg.token_ids]) for traj in trajs)
-        texts += [re.sub("|".join(map(re.escape, DEFAULT_SPECIAL_TOKENS)), "\n", text) for text in episodes]
+        texts += [specials.sub("\n", text) for text in episodes]
         texts += page_texts(corpus, tools.search.topk)
     tokenizer = train_bpe_tokenizer(texts, vocab_size=demo.vocab_size, whole_numbers=demo.whole_numbers)
     tokenizer.chat_template = CHATML_TOOLS_TEMPLATE

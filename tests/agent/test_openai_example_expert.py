@@ -79,8 +79,8 @@ def test_the_examples_own_tokenizer_knows_its_template_and_renders_exactly() -> 
     tok = warmup.fitted_tokenizer(cfg)
     assert len(tok) == 800 and "<tool_call>" in tok.chat_template
     call = render_call_text([{"name": "search", "arguments": {"query": " Kota Films"}}], "hermes") + "<|im_end|>"
-    demo_recipe = train_bpe_tokenizer([], vocab_size=800)  # what a tokenizer that never saw the template does: bytes
-    assert len(tok(call)["input_ids"]) * 2 < len(demo_recipe(call)["input_ids"])
+    bytes_only = train_bpe_tokenizer([], vocab_size=800)  # what a tokenizer that never saw the template does: bytes
+    assert len(tok(call)["input_ids"]) * 2 < len(bytes_only(call)["input_ids"])
     records = [r.model_dump(mode="json") for r in load_dataset("world:seed=1,entities=200,n=12")]  # not its world
     trajs = warmup.expert_trajectories(tok, records, cfg.rl.tools.model_copy(update={"corpus": "world:seed=1,entities=200"}), p_skip=0.0, p_wrong=0.0)
     assert len(trajs) == 12 and sum(t.counters.get("prompt_mismatches", 0) for t in trajs) == 0
