@@ -146,23 +146,88 @@ def phase_build(corpus: Path, out: Path) -> dict:
     }
 
 
+class GeneratedVectors:
+    """Deterministic unit vectors of e5's dimension around 4096 centres, read like a flat file (FlatVectors' reads).
+
+    Every block of BLOCK rows is regenerated from its own seed, so the vectors need no disk: the 21M flat file
+    would be 64.5 GB. `phase_flat` writes the same vectors in Search-R1's format for the import path."""
+
+    BLOCK = 50_000
+
+    def __init__(self, n: int):
+        self.path = Path(f"<{n:,} generated vectors>")
+        self.dim, self.ntotal = DIM, n
+        self.centres = np.random.default_rng(7).standard_normal((4096, DIM), dtype=np.float32)
+
+    @property
+    def nbytes(self) -> int:
+        return self.ntotal * self.dim * 4
+
+    def block(self, b: int) -> np.ndarray:
+        start = b * self.BLOCK
+        m = min(self.BLOCK, self.ntotal - start)
+        r = np.random.default_rng(start)
+        x = r.standard_normal((m, DIM), dtype=np.float32)
+        x *= 0.8
+        x += self.centres[r.integers(4096, size=m)]
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+        return x
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        stop = min(stop, self.ntotal)
+        return self.take(np.arange(start, stop))
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.int64)
+        out = np.empty((len(rows), DIM), dtype=np.float32)
+        for b in np.unique(rows // self.BLOCK).tolist():
+            mask = rows // self.BLOCK == b
+            out[mask] = self.block(b)[rows[mask] - b * self.BLOCK]
+        return out
+
+    def blocks(self, batch: int):
+        for b in range(-(-self.ntotal // self.BLOCK)):
+            x = self.block(b)
+            for i in range(0, len(x), batch):
+                yield b * self.BLOCK + i, x[i : i + batch]
+
+
 def phase_flat(path: Path, n: int) -> dict:
-    """Deterministic unit vectors of e5's dimension around 4096 centres, in Search-R1's flat file format."""
+    """GeneratedVectors(n) written in Search-R1's flat file format."""
     from asearch.retrieval.importer import write_flat_file
 
     t0 = time.perf_counter()
-    rng = np.random.default_rng(7)
-    centres = rng.standard_normal((4096, DIM)).astype("f4")
-
-    def blocks():
-        for start in range(0, n, 50_000):
-            m = min(50_000, n - start)
-            r = np.random.default_rng(start)  # per block: any block can be regenerated alone
-            x = centres[r.integers(4096, size=m)] + 0.8 * r.standard_normal((m, DIM)).astype("f4")
-            yield x / np.linalg.norm(x, axis=1, keepdims=True)
-
-    write_flat_file(path, DIM, n, blocks())
+    vectors = GeneratedVectors(n)
+    write_flat_file(path, DIM, n, (block for _, block in vectors.blocks(vectors.BLOCK)))
     return {"seconds": round(time.perf_counter() - t0, 1), "bytes": path.stat().st_size}
+
+
+def phase_dense_build(n: int, out: Path, memory_gb: float) -> dict:
+    """What the import does to the flat file's vectors (plan, train, add, recall against exact, write), read from
+    GeneratedVectors instead of a file: the dense mechanics at a size whose flat file does not fit the disk."""
+    from asearch.retrieval.importer import ImportSettings, dense_importer
+
+    t0 = time.perf_counter()
+    vectors = GeneratedVectors(n)
+    settings = ImportSettings(memory_gb=memory_gb)
+    build, report = dense_importer(vectors, settings, say=lambda line: print(line, file=sys.stderr, flush=True))  # type: ignore[arg-type]
+    with PeakAnon() as anon:
+        dense = build(out, n)
+    plan = report["plan"]
+    return {
+        "seconds": round(time.perf_counter() - t0, 1),
+        "peak_rss_mb": _proc_rss(os.getpid())["hwm_mb"],
+        "peak_anon_mb": anon.peak_mb,
+        "kind": plan.label(),
+        "index_type": plan.kind,
+        "nprobe": settings.nprobe,
+        "recall": round(report["recall"], 3),
+        "index_bytes": (out / "index.faiss").stat().st_size,
+        "flat_bytes": vectors.nbytes,
+        "train_s": dense["train_seconds"],
+        "add_s": dense["add_seconds"],
+        "recall_s": dense["recall_seconds"],
+    }
 
 
 def phase_import(flat: Path, corpus: Path, out: Path, memory_gb: float) -> dict:
@@ -178,6 +243,8 @@ def phase_import(flat: Path, corpus: Path, out: Path, memory_gb: float) -> dict:
         "peak_rss_mb": _proc_rss(os.getpid())["hwm_mb"],
         "peak_anon_mb": anon.peak_mb,
         "kind": r.plan.label(),
+        "index_type": r.plan.kind,
+        "nprobe": settings.nprobe,
         "recall": round(r.recall, 3),
         "index_bytes": r.index_file_bytes,
         "flat_bytes": r.flat_bytes,
@@ -186,18 +253,17 @@ def phase_import(flat: Path, corpus: Path, out: Path, memory_gb: float) -> dict:
     }
 
 
-def phase_dense_search(index_dir: Path, queries: int) -> dict:
-    """The imported index memory-mapped as the server loads it, searched with stored-vector-like queries."""
+def phase_dense_search(index_file: Path, kind: str, nprobe: int, queries: int) -> dict:
+    """The written index memory-mapped as the server loads it, searched with stored-vector-like queries."""
     import faiss
 
     from asearch.retrieval.dense import IVF_KINDS
 
     faiss.omp_set_num_threads(1)
-    manifest = json.loads((index_dir / "manifest.json").read_text())
     t0 = time.perf_counter()
-    index = faiss.read_index(str(index_dir / "dense" / "index.faiss"), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
-    if manifest["dense"]["index_type"] in IVF_KINDS:
-        faiss.extract_index_ivf(index).nprobe = manifest["settings"]["dense"]["ivf_nprobe"]
+    index = faiss.read_index(str(index_file), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
+    if kind in IVF_KINDS:
+        faiss.extract_index_ivf(index).nprobe = nprobe
     load_s = time.perf_counter() - t0
     rng = np.random.default_rng(3)
     q = rng.standard_normal((queries, DIM)).astype("f4")
@@ -335,6 +401,13 @@ def main() -> None:
     ap.add_argument("--dense-memory-gb", type=float, default=0.1, help="budget of the imported dense index")
     ap.add_argument("--dense-queries", type=int, default=2000)
     ap.add_argument("--no-dense", action="store_true")
+    ap.add_argument(
+        "--dense-source",
+        choices=("flat", "generated"),
+        default="flat",
+        help="flat: write the vectors in Search-R1's flat format and run the import on it; generated: the same "
+        "vectors, regenerated by block, compressed as the import does (no flat file: 21M needs 64.5 GB of disk)",
+    )
     ap.add_argument("--no-bm25", action="store_true", help="only the dense mechanics (their import builds BM25 too)")
     ap.add_argument("--vocab", type=int, default=VOCAB, help="vocabulary size (smaller only for quick runs)")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/wiki_scale"))
@@ -344,13 +417,16 @@ def main() -> None:
     ap.add_argument("--corpus", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--flat", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--kind", help=argparse.SUPPRESS)
+    ap.add_argument("--nprobe", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.phase:
         result = {
             "build": lambda: phase_build(args.corpus, args.out),
             "flat": lambda: phase_flat(args.flat, args.passages),
             "import": lambda: phase_import(args.flat, args.corpus, args.out, args.dense_memory_gb),
-            "dense_search": lambda: phase_dense_search(args.out, args.dense_queries),
+            "dense_build": lambda: phase_dense_build(args.passages, args.out, args.dense_memory_gb),
+            "dense_search": lambda: phase_dense_search(args.out, args.kind, args.nprobe, args.dense_queries),
         }[args.phase]()
         print(json.dumps(result))
         return
@@ -366,8 +442,9 @@ def run(args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     try:
         corpus = work / "wiki.jsonl"
-        res["corpus"] = write_corpus(corpus, n, args.vocab)
-        print("corpus", res["corpus"], flush=True)
+        if not (args.no_bm25 and args.dense_source == "generated"):  # the generated vectors need no corpus
+            res["corpus"] = write_corpus(corpus, n, args.vocab)
+            print("corpus", res["corpus"], flush=True)
         if not args.no_bm25:
             res["build"] = run_phase("build", corpus=str(corpus), out=str(work / "idx"))
             print("build", res["build"], flush=True)
@@ -376,14 +453,7 @@ def run(args: argparse.Namespace) -> None:
             print("serve", res["serve"], flush=True)
             shutil.rmtree(work / "idx")  # disk: the dense import writes its own stores next
         if not args.no_dense:
-            flat = work / "e5_Flat.index"
-            res["flat"] = run_phase("flat", flat=str(flat), passages=str(n))
-            print("flat", res["flat"], flush=True)
-            res["import"] = run_phase("import", flat=str(flat), corpus=str(corpus), out=str(work / "dense_idx"),
-                                      dense_memory_gb=str(args.dense_memory_gb))  # fmt: skip
-            print("import", res["import"], flush=True)
-            res["dense_search"] = run_phase("dense_search", out=str(work / "dense_idx"), dense_queries=str(args.dense_queries))
-            print("dense_search", res["dense_search"], flush=True)
+            res.update(dense_phases(args, work, corpus))
     finally:
         res["total_s"] = round(time.perf_counter() - t0, 1)
         if not args.keep:
@@ -392,6 +462,28 @@ def run(args: argparse.Namespace) -> None:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
         args.json_out.write_text(json.dumps(res, indent=1) + "\n")
     print(render(res))
+
+
+def dense_phases(args: argparse.Namespace, work: Path, corpus: Path) -> dict:
+    """The flat file imported (or, --dense-source generated, the same vectors compressed), then searched."""
+    n, res = args.passages, {}
+    if args.dense_source == "flat":
+        flat = work / "e5_Flat.index"
+        res["flat"] = run_phase("flat", flat=str(flat), passages=str(n))
+        print("flat", res["flat"], flush=True)
+        res["import"] = run_phase("import", flat=str(flat), corpus=str(corpus), out=str(work / "dense_idx"),
+                                  dense_memory_gb=str(args.dense_memory_gb))  # fmt: skip
+        index_file = work / "dense_idx" / "dense" / "index.faiss"
+    else:
+        res["import"] = run_phase("dense_build", passages=str(n), out=str(work / "dense"),
+                                  dense_memory_gb=str(args.dense_memory_gb))  # fmt: skip
+        index_file = work / "dense" / "index.faiss"
+    print("import", res["import"], flush=True)
+    i = res["import"]
+    res["dense_search"] = run_phase("dense_search", out=str(index_file), kind=i["index_type"], nprobe=str(i["nprobe"]),
+                                    dense_queries=str(args.dense_queries))  # fmt: skip
+    print("dense_search", res["dense_search"], flush=True)
+    return res
 
 
 def render(res: dict) -> str:
@@ -427,10 +519,14 @@ def _render_bm25(res: dict) -> list[str]:
 
 def _render_dense(res: dict) -> list[str]:
     n, i, d = res["passages"], res["import"], res["dense_search"]
+    if "flat" in res:
+        source = f"in Search-R1's flat format ({res['flat']['bytes'] / 2**20:,.0f} MB), `asearch index import` at a budget"
+    else:
+        source = (f"regenerated by block (no flat file; it would be {i['flat_bytes'] / 2**20:,.0f} MB), compressed "
+                  "at a budget as `asearch index import` does")  # fmt: skip
     return [
         "",
-        f"Dense mechanics, {n:,} deterministic {DIM}-d unit vectors in Search-R1's flat format "
-        f"({res['flat']['bytes'] / 2**20:,.0f} MB), `asearch index import` at a budget, then the index memory-mapped:",
+        f"Dense mechanics, {n:,} deterministic {DIM}-d unit vectors {source}, then the index memory-mapped:",
         "",
         "| passages | kind | import s (train / add) | import peak RSS MB (anon) | index MB | / flat | recall@10 vs flat "
         "| load s | QPS (1 thread) | p50 / p99 ms | search RSS MB (anon + file) |",

@@ -11,6 +11,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,3 +55,25 @@ def test_the_benchmark_runs_at_a_tiny_size_with_zero_errors(tmp_path):
     assert [row["ok"] for row in res["serve"]["rows"]] == [80, 80]
     assert res["import"]["kind"].startswith("ivfsq8") and res["import"]["recall"] > 0.8
     assert "| 1,500 | " in r.stdout and not (tmp_path / "w" / "1500").exists()  # cleaned up
+
+
+def test_generated_vectors_read_alike_by_block_by_row_and_from_the_flat_file(tmp_path):
+    """The 21M dense row compresses GeneratedVectors without a file: they must be the flat file's vectors."""
+    from asearch.retrieval.importer import read_flat_header
+
+    bench = _bench()
+    bench.GeneratedVectors.BLOCK = 700  # several blocks at a tiny size
+    try:
+        vectors = bench.GeneratedVectors(2000)
+        whole = np.concatenate([block for _, block in vectors.blocks(300)])
+        starts = [start for start, _ in vectors.blocks(300)]
+        rows = np.array([1999, 0, 701, 699, 1400, 5])
+        taken, ranged = vectors.take(rows), vectors.rows(650, 760)
+        bench.phase_flat(tmp_path / "e5_Flat.index", 2000)
+        flat = read_flat_header(tmp_path / "e5_Flat.index")
+    finally:
+        bench.GeneratedVectors.BLOCK = 50_000
+    assert whole.shape == (2000, bench.DIM) and np.allclose(np.linalg.norm(whole, axis=1), 1, atol=1e-5)
+    assert starts[:4] == [0, 300, 600, 700]  # batches never cross a generated block
+    assert np.array_equal(taken, whole[rows]) and np.array_equal(ranged, whole[650:760])
+    assert (flat.ntotal, flat.dim) == (2000, bench.DIM) and np.array_equal(flat.rows(0, 2000), whole)
