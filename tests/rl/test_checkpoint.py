@@ -15,6 +15,7 @@ pytest.importorskip("torch")
 pytestmark = pytest.mark.server  # `asearch train` in a subprocess, killed and resumed
 
 B, N, ETA = 2, 2, 2
+HELDOUT = ["heldout.dataset=world:seed=1,entities=200,n=6", "heldout.every_s=null", "heldout.every_steps=null"]
 
 
 def test_kill_9_then_resume_trains_every_step_once_and_loses_nothing(
@@ -23,7 +24,7 @@ def test_kill_9_then_resume_trains_every_step_once_and_loses_nothing(
     out = tmp_path / "run"
     # 1. a run that would go on for long; killed with SIGKILL once its second checkpoint exists
     proc = subprocess.Popen(
-        train_command(tiny_world_model_dir, out, 1000, batch=B, group=N, eta=ETA),
+        [*train_command(tiny_world_model_dir, out, 1000, batch=B, group=N, eta=ETA), *HELDOUT],
         env=subprocess_env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -46,7 +47,7 @@ def test_kill_9_then_resume_trains_every_step_once_and_loses_nothing(
 
     # 2. the same command (10 steps now) resumes from the last checkpoint and finishes
     done = subprocess.run(
-        train_command(tiny_world_model_dir, out, 10, batch=B, group=N, eta=ETA),
+        [*train_command(tiny_world_model_dir, out, 10, batch=B, group=N, eta=ETA), *HELDOUT],
         env=subprocess_env,
         capture_output=True,
         text=True,
@@ -56,7 +57,9 @@ def test_kill_9_then_resume_trains_every_step_once_and_loses_nothing(
     said = (done.stdout + done.stderr).replace("\n", "")
     assert "resumed from" in said and f"step_{resume_from} (step {resume_from}," in said, said[-2000:]
 
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in logged if "eval/heldout_acc" not in r]
+    evals = [r for r in logged if "eval/heldout_acc" in r]
     steps = [r["step"] for r in rows]
     assert steps == list(range(1, 11)), f"before kill {steps_before_kill}, after resume {steps}"
     # the wall clock continues across the restart instead of starting again at 0
@@ -68,6 +71,10 @@ def test_kill_9_then_resume_trains_every_step_once_and_loses_nothing(
     assert sum(r["engine/tokens_generated"] for r in rows) >= 10 * B * N  # every trained episode generated >= 1
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 10 and summary["policy_version"] == 10
+    # the start's evaluation ran before the kill; the resumed process's summary still reports it
+    assert [r["step"] for r in evals] == [0, 10]
+    assert summary["heldout_acc_start"] == evals[0]["eval/heldout_acc"] is not None
+    assert summary["heldout_acc_final"] == evals[1]["eval/heldout_acc"]
 
     # 3. the accounting at the end: every question taken from the data stream was trained, rejected, is
     # queued or will be redone; the admission counter is exactly v * B + queued (not reset by the restart)

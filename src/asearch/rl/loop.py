@@ -254,8 +254,6 @@ class TrainingLoop:
         accuracy = await self.heldout()
         seconds = time.perf_counter() - t0
         self.run_dir.log(version, {"eval/heldout_acc": accuracy, "eval/seconds": seconds, "perf/rl_wall_s": wall})
-        if version == 0:
-            self.summary["heldout_acc_start"] = accuracy
         self.log(f"held-out accuracy {accuracy:.3f} at version {version} ({seconds:.1f}s)")
 
     async def finish(self) -> None:
@@ -274,10 +272,12 @@ class TrainingLoop:
         await self.controller.close()
 
     def summarize(self) -> dict[str, Any]:
-        evals = [r["eval/heldout_acc"] for r in self.run_dir.metrics() if r.get("eval/heldout_acc") is not None]
+        """The run's totals; held-out accuracies come from metrics.jsonl, which holds the part before a resume."""
+        evals = [(r["step"], r["eval/heldout_acc"]) for r in self.run_dir.metrics() if r.get("eval/heldout_acc") is not None]
         self.summary.update({
             "steps": self.step, "policy_version": self.version, "rl_wall_seconds": self.rl_wall(),
-            "heldout_acc_final": evals[-1] if evals else None,
+            "heldout_acc_start": next((acc for version, acc in evals if version == 0), None),
+            "heldout_acc_final": evals[-1][1] if evals else None,
             "rejected_groups": dict(self.controller.rejected), "episode_errors": self.controller.errors[:20],
             "episodes_generated": self.controller.episodes_generated, "episodes_kept": self.controller.episodes_kept,
         })  # fmt: skip
