@@ -13,6 +13,11 @@ file-backed pages are the memory-mapped index, shared with the page cache and re
     .venv/bin/python bench/wiki_scale.py --passages 20000 --requests 600          # a minute: the mechanics
     flock /tmp/asearch-heavy.lock .venv/bin/python bench/wiki_scale.py --passages 1000000
     flock /tmp/asearch-heavy.lock .venv/bin/python bench/wiki_scale.py --passages 5000000 --no-dense
+    flock /tmp/asearch-heavy.lock .venv/bin/python bench/wiki_scale.py --passages 21000000 --no-bm25 \
+        --dense-source generated --dense-memory-gb 2 --dense-threads 2   # no 64.5 GB flat file, no corpus
+
+The dense mechanics take the vectors from Search-R1's flat file format through the import (`--dense-source flat`,
+the default), or regenerate the same vectors by block and compress them as the import does (`generated`).
 """
 
 from __future__ import annotations
@@ -202,14 +207,14 @@ def phase_flat(path: Path, n: int) -> dict:
     return {"seconds": round(time.perf_counter() - t0, 1), "bytes": path.stat().st_size}
 
 
-def phase_dense_build(n: int, out: Path, memory_gb: float) -> dict:
+def phase_dense_build(n: int, out: Path, memory_gb: float, threads: int) -> dict:
     """What the import does to the flat file's vectors (plan, train, add, recall against exact, write), read from
     GeneratedVectors instead of a file: the dense mechanics at a size whose flat file does not fit the disk."""
     from asearch.retrieval.importer import ImportSettings, dense_importer
 
     t0 = time.perf_counter()
     vectors = GeneratedVectors(n)
-    settings = ImportSettings(memory_gb=memory_gb)
+    settings = ImportSettings(memory_gb=memory_gb, threads=threads)
     build, report = dense_importer(vectors, settings, say=lambda line: print(line, file=sys.stderr, flush=True))  # type: ignore[arg-type]
     with PeakAnon() as anon:
         dense = build(out, n)
@@ -230,11 +235,11 @@ def phase_dense_build(n: int, out: Path, memory_gb: float) -> dict:
     }
 
 
-def phase_import(flat: Path, corpus: Path, out: Path, memory_gb: float) -> dict:
+def phase_import(flat: Path, corpus: Path, out: Path, memory_gb: float, threads: int) -> dict:
     from asearch.retrieval.importer import ImportSettings, import_flat_index
 
     t0 = time.perf_counter()
-    settings = ImportSettings(memory_gb=memory_gb, query_model="intfloat/e5-base-v2")
+    settings = ImportSettings(memory_gb=memory_gb, query_model="intfloat/e5-base-v2", threads=threads)
     with PeakAnon() as anon:
         r = import_flat_index(flat, corpus, out, settings)
     dense = json.loads((out / "manifest.json").read_text())["dense"]
@@ -400,6 +405,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=4000, help="requests per client level (3 searches : 1 access)")
     ap.add_argument("--dense-memory-gb", type=float, default=0.1, help="budget of the imported dense index")
     ap.add_argument("--dense-queries", type=int, default=2000)
+    ap.add_argument("--dense-threads", type=int, default=1, help="faiss threads of the import (train, add)")
     ap.add_argument("--no-dense", action="store_true")
     ap.add_argument(
         "--dense-source",
@@ -424,8 +430,8 @@ def main() -> None:
         result = {
             "build": lambda: phase_build(args.corpus, args.out),
             "flat": lambda: phase_flat(args.flat, args.passages),
-            "import": lambda: phase_import(args.flat, args.corpus, args.out, args.dense_memory_gb),
-            "dense_build": lambda: phase_dense_build(args.passages, args.out, args.dense_memory_gb),
+            "import": lambda: phase_import(args.flat, args.corpus, args.out, args.dense_memory_gb, args.dense_threads),
+            "dense_build": lambda: phase_dense_build(args.passages, args.out, args.dense_memory_gb, args.dense_threads),
             "dense_search": lambda: phase_dense_search(args.out, args.kind, args.nprobe, args.dense_queries),
         }[args.phase]()
         print(json.dumps(result))
@@ -472,11 +478,11 @@ def dense_phases(args: argparse.Namespace, work: Path, corpus: Path) -> dict:
         res["flat"] = run_phase("flat", flat=str(flat), passages=str(n))
         print("flat", res["flat"], flush=True)
         res["import"] = run_phase("import", flat=str(flat), corpus=str(corpus), out=str(work / "dense_idx"),
-                                  dense_memory_gb=str(args.dense_memory_gb))  # fmt: skip
+                                  dense_memory_gb=str(args.dense_memory_gb), dense_threads=str(args.dense_threads))  # fmt: skip
         index_file = work / "dense_idx" / "dense" / "index.faiss"
     else:
         res["import"] = run_phase("dense_build", passages=str(n), out=str(work / "dense"),
-                                  dense_memory_gb=str(args.dense_memory_gb))  # fmt: skip
+                                  dense_memory_gb=str(args.dense_memory_gb), dense_threads=str(args.dense_threads))  # fmt: skip
         index_file = work / "dense" / "index.faiss"
     print("import", res["import"], flush=True)
     i = res["import"]
