@@ -185,8 +185,9 @@ class GeneratedVectors:
     def take(self, rows: np.ndarray) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.int64)
         out = np.empty((len(rows), DIM), dtype=np.float32)
-        for b in np.unique(rows // self.BLOCK).tolist():
-            mask = rows // self.BLOCK == b
+        block_of = rows // self.BLOCK
+        for b in np.unique(block_of).tolist():
+            mask = block_of == b
             out[mask] = self.block(b)[rows[mask] - b * self.BLOCK]
         return out
 
@@ -215,24 +216,11 @@ def phase_dense_build(n: int, out: Path, memory_gb: float, threads: int) -> dict
     t0 = time.perf_counter()
     vectors = GeneratedVectors(n)
     settings = ImportSettings(memory_gb=memory_gb, threads=threads)
-    build, report = dense_importer(vectors, settings, say=lambda line: print(line, file=sys.stderr, flush=True))  # type: ignore[arg-type]
+    build, report = dense_importer(vectors, settings, say=lambda line: print(line, file=sys.stderr, flush=True))
     with PeakAnon() as anon:
         dense = build(out, n)
-    plan = report["plan"]
-    return {
-        "seconds": round(time.perf_counter() - t0, 1),
-        "peak_rss_mb": _proc_rss(os.getpid())["hwm_mb"],
-        "peak_anon_mb": anon.peak_mb,
-        "kind": plan.label(),
-        "index_type": plan.kind,
-        "nprobe": settings.nprobe,
-        "recall": round(report["recall"], 3),
-        "index_bytes": (out / "index.faiss").stat().st_size,
-        "flat_bytes": vectors.nbytes,
-        "train_s": dense["train_seconds"],
-        "add_s": dense["add_seconds"],
-        "recall_s": dense["recall_seconds"],
-    }
+    index_bytes = (out / "index.faiss").stat().st_size
+    return _dense_result(t0, anon, report["plan"], settings, report["recall"], index_bytes, vectors.nbytes, dense)
 
 
 def phase_import(flat: Path, corpus: Path, out: Path, memory_gb: float, threads: int) -> dict:
@@ -243,18 +231,25 @@ def phase_import(flat: Path, corpus: Path, out: Path, memory_gb: float, threads:
     with PeakAnon() as anon:
         r = import_flat_index(flat, corpus, out, settings)
     dense = json.loads((out / "manifest.json").read_text())["dense"]
+    return _dense_result(t0, anon, r.plan, settings, r.recall, r.index_file_bytes, r.flat_bytes, dense)
+
+
+def _dense_result(t0: float, anon: PeakAnon, plan, settings, recall: float, index_bytes: int, flat_bytes: int,
+                  dense: dict) -> dict:  # fmt: skip
+    """A dense phase's row: its time and memory, the plan it chose, and the build's timings (`dense` record)."""
     return {
         "seconds": round(time.perf_counter() - t0, 1),
         "peak_rss_mb": _proc_rss(os.getpid())["hwm_mb"],
         "peak_anon_mb": anon.peak_mb,
-        "kind": r.plan.label(),
-        "index_type": r.plan.kind,
+        "kind": plan.label(),
+        "index_type": plan.kind,
         "nprobe": settings.nprobe,
-        "recall": round(r.recall, 3),
-        "index_bytes": r.index_file_bytes,
-        "flat_bytes": r.flat_bytes,
+        "recall": round(recall, 3),
+        "index_bytes": index_bytes,
+        "flat_bytes": flat_bytes,
         "train_s": dense["train_seconds"],
         "add_s": dense["add_seconds"],
+        "recall_s": dense["recall_seconds"],
     }
 
 
