@@ -134,8 +134,8 @@ def test_stop_strings_end_generation_as_when_every_token_is_checked(model, token
 
 
 def test_a_step_runs_its_decode_rows_in_one_forward(model, tokenizer, monkeypatch):
-    """Requests join while others decode and long prompts prefill in chunks, so prefilling rows sit between
-    decoding ones; still one decode forward a step, and every greedy output equals the one decoded alone."""
+    """Ten requests through four slots: later ones join while others decode and long prompts prefill in
+    chunks, so prefilling rows sit between decoding ones; still one decode forward a step, and every greedy output equals the one decoded alone."""
     decode_forwards: list[int] = []
     real_forward = decoder_mod.forward
 
@@ -158,11 +158,13 @@ def test_a_step_runs_its_decode_rows_in_one_forward(model, tokenizer, monkeypatc
             monkeypatch.setattr(decoder_mod, "forward", counting_forward)
             steps0 = engine.stats()["decode_steps"]
 
-            async def later(i, p):
-                await asyncio.sleep(0.002 * i)
-                return await engine.generate(GenerateRequest(input_ids=p, sampling=copy.copy(greedy)))
-
-            together = await asyncio.gather(*(later(i, p) for i, p in enumerate(prompts)))
+            # Queued while paused, so the step sequence (and so which rows swap) does not hang on timing.
+            await engine.pause()
+            requests = [GenerateRequest(input_ids=p, sampling=copy.copy(greedy)) for p in prompts]
+            tasks = [asyncio.create_task(engine.generate(r)) for r in requests]
+            await asyncio.sleep(0)  # every task has queued its request
+            await engine.resume()
+            together = await asyncio.gather(*tasks)
             return alone, together, engine.stats()["decode_steps"] - steps0
         finally:
             await engine.close()
