@@ -99,6 +99,7 @@ def _worker(tmp: Path) -> None:
     out["noops"] = trainer._all_sum([float(noops)])[0]
     if env.is_main:
         torch.save(out, tmp / "dist.pt")
+    torch.distributed.barrier()  # both ranks tear down together: one left alone in teardown can abort at exit
     torch.distributed.destroy_process_group()
 
 

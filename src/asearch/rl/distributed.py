@@ -411,6 +411,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         trainer.save_hf(args.out, tokenizer)
         if env.is_main:
             print(f"saved {args.out}")
+    dist.barrier()  # both ranks tear down together: one left alone in teardown can abort at exit
     dist.destroy_process_group()
 
 
