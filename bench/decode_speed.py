@@ -41,7 +41,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from baseline import ROOT, import_moved, worktree  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results" / "decode_speed.md"
 STOP_STRINGS = ["</search>", "</answer>"]
 PREFILL_RUN_TOKENS = 2  # the short run of each measurement: prefill and one decode step
@@ -125,7 +127,8 @@ async def run_worker(model_dir: str, batches: list[int], new_tokens: int, prompt
     import torch
 
     import asearch
-    from asearch.engine.local.inprocess import InProcessEngine, InProcessEngineConfig
+    inprocess = import_moved("asearch.engine.local.inprocess")  # the base commit's engine when it runs there
+    InProcessEngine, InProcessEngineConfig = inprocess.InProcessEngine, inprocess.InProcessEngineConfig
 
     torch.set_num_threads(1)
     cfg = InProcessEngineConfig(max_batch=max(batches), max_seq_len=prompt_len + new_tokens + 8, threads=1, prefix_cache_mb=0)
@@ -141,13 +144,6 @@ async def run_worker(model_dir: str, batches: list[int], new_tokens: int, prompt
 
 
 # --------------------------------------------------------------------------- driver
-
-
-def worktree(rev: str) -> Path:
-    path = Path(f"/tmp/wt-{rev}")
-    if not (path / "src" / "asearch").is_dir():
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), rev], check=True)
-    return path
 
 
 def run_side(src: Path, model_dir: Path, args: argparse.Namespace, batches: list[int]) -> dict:

@@ -19,14 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def worktree(rev: str) -> Path:
-    path = Path(f"/tmp/wt-{rev}")
-    if not (path / "src" / "asearch").is_dir():
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), rev], check=True)
-    return path
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from baseline import ROOT, worktree  # noqa: E402
 
 
 def run_worker(tree: Path, steps: int, eta: int) -> dict:

@@ -33,7 +33,9 @@ import time
 import warnings
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from baseline import ROOT, worktree  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results" / "train_memory.md"
 SHAPE_05B = {
     "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
@@ -202,13 +204,6 @@ def speed_worker(spec: dict) -> dict:
 
 
 # --------------------------------------------------------------------------- the driver
-
-
-def worktree(rev: str) -> Path:
-    path = Path(f"/tmp/wt-{rev}")
-    if not (path / "src" / "asearch").is_dir():
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), rev], check=True, capture_output=True)
-    return path
 
 
 def run(kind: str, spec: dict, src: Path) -> dict:

@@ -3,9 +3,11 @@ and collective (a bfloat16 broadcast over a gloo group the servers join), one sc
 
 A Qwen2.5-0.5B-shaped random policy (bench/gpu_check.py's SHAPES) in a PolicyTrainer (or, with --fsdp, a
 DistributedPolicyTrainer of world size 1) and 2 `asearch engine serve` processes (1 thread each) that start
-from the same weights; each method pushes --repeats versions through the same `EnginePool` the RL loop
-uses (`DiskWeights` with dtype None is the base commit's `DiskWeights.push`: save_hf in the model's dtype,
-then /update_weights_from_disk on every server). A sync ends when every server serves the new version.
+from the same weights. Each method pushes --warmup versions unmeasured (a method's first sync pays one-time
+costs: the servers' first spare weights, the page cache), then --repeats versions, through the same
+`EnginePool` the RL loop uses (`DiskWeights` with dtype None is the base commit's `DiskWeights.push`: save_hf in
+the model's dtype, then /update_weights_from_disk on every server). A sync ends when every server serves the
+new version.
 
     flock /tmp/asearch-heavy.lock .venv/bin/python bench/weight_sync.py            # ~16 GB of RAM at the 0.5B shape
     .venv/bin/python bench/weight_sync.py --shape tiny --repeats 2                  # seconds, for a smoke test
@@ -33,6 +35,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from baseline import import_moved, worktree  # noqa: E402
 from gpu_check import SHAPES  # noqa: E402
 
 METHODS = ("disk-float32", "disk-bfloat16", "collective")
@@ -63,12 +66,15 @@ def make_trainer(model, *, fsdp: bool, device: str):
 
 
 async def measure(trainer, tok, urls: list[str], sups: list, work: Path, method: str, repeats: int,
-                  version: int, backend: str | None = None, bucket_mb: float = 512.0) -> list[dict[str, float]]:  # fmt: skip
-    """`repeats` pushes of `method`, each row {seconds, bytes}; versions from `version` + 1."""
-    from asearch.engine.remote.http import HttpConfig
-    from asearch.engine.remote.pool import EnginePool
-    from asearch.engine.remote.sglang import SGLangEngine, SGLangEngineConfig
+                  version: int, backend: str | None = None, bucket_mb: float = 512.0, warmup: int = 0) -> list[dict[str, float]]:  # fmt: skip
+    """`warmup` unmeasured pushes of `method`, then `repeats` measured ones, each row {seconds, bytes}; versions
+    from `version` + 1."""
     from asearch.rl import weights as sync  # the base commit has no CollectiveWeights
+
+    HttpConfig = import_moved("asearch.engine.remote.http").HttpConfig
+    EnginePool = import_moved("asearch.engine.remote.pool").EnginePool
+    sglang = import_moved("asearch.engine.remote.sglang")
+    SGLangEngine, SGLangEngineConfig = sglang.SGLangEngine, sglang.SGLangEngineConfig
 
     DiskWeights, CollectiveWeights = sync.DiskWeights, getattr(sync, "CollectiveWeights", type(None))
 
@@ -85,10 +91,13 @@ async def measure(trainer, tok, urls: list[str], sups: list, work: Path, method:
         weights = CollectiveWeights(pool, trainer, disk, urls, bucket_mb=bucket_mb, backend=backend)
     rows = []
     try:
-        for i in range(repeats):
+        for i in range(warmup + repeats):
             t0 = time.perf_counter()
             await weights.push(version + 1 + i)
             seconds = time.perf_counter() - t0
+            if i < warmup:
+                print(f"  {method} warm-up: {seconds:.2f} s", flush=True)
+                continue
             if method == BASE:
                 written = (work / method / f"v{version + 1 + i}").glob("*.safetensors")
                 m = {"weights/collective": False, "weights/sync_bytes": float(sum(f.stat().st_size for f in written))}
@@ -96,7 +105,7 @@ async def measure(trainer, tok, urls: list[str], sups: list, work: Path, method:
                 m = weights.metrics()
             assert m["weights/collective"] == (method == "collective"), m
             rows.append({"seconds": seconds, "bytes": m["weights/sync_bytes"]})
-            print(f"  {method} #{i + 1}: {seconds:.2f} s, {m['weights/sync_bytes'] / 1e9:.2f} GB", flush=True)
+            print(f"  {method} #{i + 1 - warmup}: {seconds:.2f} s, {m['weights/sync_bytes'] / 1e9:.2f} GB", flush=True)
     finally:
         if isinstance(weights, CollectiveWeights):
             await weights.close()
@@ -121,8 +130,9 @@ def table(results: dict[str, list[dict[str, float]]], n_params: int, servers: in
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from asearch.engine.server.app import launch_engine_server
     from asearch.models.tiny import save_tiny
+
+    launch_engine_server = import_moved("asearch.engine.server.app").launch_engine_server
 
     torch.set_num_threads(args.threads)
     work = Path(tempfile.mkdtemp(prefix="weight-sync-", dir=args.work))
@@ -143,9 +153,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for method in args.methods:
             print(f"{method}: {args.repeats} syncs to {args.servers} servers", flush=True)
             results[method] = asyncio.run(
-                measure(trainer, tok, urls, sups, work, method, args.repeats, version, args.backend, args.bucket_mb)
+                measure(trainer, tok, urls, sups, work, method, args.repeats, version, args.backend, args.bucket_mb, args.warmup)
             )
-            version += args.repeats
+            version += args.warmup + args.repeats
     finally:
         for sup, _ in launched:
             sup.stop()
@@ -160,11 +170,9 @@ def baseline(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
     """Disk float32 on the `--baseline-rev` commit: this script in a subprocess with that commit's `src` first on
     PYTHONPATH (the servers it launches inherit it), in a worktree made for it."""
     rev = subprocess.run(["git", "rev-parse", "--short", args.baseline_rev], capture_output=True, text=True, check=True).stdout.strip()
-    tree = Path(f"/tmp/wt-{rev}")
-    if not tree.exists():
-        subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], check=True, capture_output=True)
+    tree = worktree(rev)
     answer = Path(tempfile.mkdtemp()) / "base.json"
-    cmd = [sys.executable, __file__, "--shape", args.shape, "--servers", str(args.servers), "--repeats", str(args.repeats),
+    cmd = [sys.executable, __file__, "--shape", args.shape, "--servers", str(args.servers), "--repeats", str(args.repeats), "--warmup", str(args.warmup),
            "--methods", BASE, "--device", args.device, "--threads", str(args.threads), "--json", str(answer)]  # fmt: skip
     print(f"{BASE}: disk float32 on {rev} ({tree})", flush=True)
     subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(tree / "src")})
@@ -179,7 +187,7 @@ def gpu_check_rows(shape: str, device: str, repeats: int = 2) -> list[dict[str, 
     import traceback
 
     def once(methods: list[str], backend: str | None) -> dict[str, list[dict[str, float]]]:
-        ns = argparse.Namespace(shape=shape, servers=1, repeats=repeats, methods=methods, device=device,
+        ns = argparse.Namespace(shape=shape, servers=1, repeats=repeats, warmup=1, methods=methods, device=device,
                                 backend=backend, fsdp=True, threads=torch.get_num_threads(), work=None, bucket_mb=512.0)  # fmt: skip
         return run(ns)["results"]
 
@@ -208,6 +216,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
     ap.add_argument("--servers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3, help="syncs per method (the median is reported)")
+    ap.add_argument("--warmup", type=int, default=1, help="unmeasured syncs per method before those")
     ap.add_argument("--methods", type=lambda s: s.split(","), default=list(METHODS))
     ap.add_argument("--device", default="cpu", help="of the trainer and the servers")
     ap.add_argument("--backend", default=None, help="the weight group's (default: nccl on cuda, gloo on cpu)")

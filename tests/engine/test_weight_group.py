@@ -237,3 +237,54 @@ def test_an_abort_through_the_store_ends_a_wait_that_no_peer_would_end() -> None
         member.wait([member.start_broadcast(torch.empty(1000))])
     member.close()
     root.close()
+
+
+def test_a_receive_holds_a_window_of_buffers_and_the_next_update_reuses_them() -> None:
+    """Twelve tensors of one shape through a window of 4: the receiver's tensors arrive in 4 buffers, the next
+    update arrives in those same buffers (the first update's tensors are still referenced here, so a new
+    allocation could not land at their addresses), and each update's values are the sender's, in bfloat16."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from asearch.engine.weight_group import receive_tensors
+    from asearch.rl.broadcast import BroadcastsWeights
+
+    class Sender(BroadcastsWeights):
+        def __init__(self, model):
+            self.model = model
+
+    root, member, _ = two_member_group("w")
+    sender = Sender(torch.nn.Sequential(*(torch.nn.Linear(16, 16, bias=False) for _ in range(12))))
+    sender._weight_group = root
+    shapes = sender.weight_shapes()
+    names = [n for n, _ in shapes]
+    held: list[torch.Tensor] = []  # every buffer the receiver was handed, kept alive
+    try:
+        for update in range(2):
+            with torch.no_grad():
+                for p in sender.model.parameters():
+                    p.normal_()
+            got: dict[str, torch.Tensor] = {}
+
+            def keep(name, tensor, got=got):
+                got[name] = tensor.clone()
+                held.append(tensor)
+
+            with ThreadPoolExecutor(1) as pool:
+                receiving = pool.submit(
+                    receive_tensors, member, names, ["bfloat16"] * len(names), [s for _, s in shapes], "cpu", keep, window=4
+                )
+                assert sender.broadcast_weights("bfloat16") == 12 * 16 * 16 * 2
+                assert receiving.result(timeout=30) == []
+            want = {n: t.to(torch.bfloat16) for n, t in sender.model.state_dict().items()}
+            assert got.keys() == want.keys() and all(torch.equal(got[n], want[n]) for n in want)
+            ptrs = {t.data_ptr() for t in held[12 * update :]}
+            if update == 0:
+                first = ptrs
+                assert len(first) <= 4  # a window's worth, not one buffer a tensor
+            else:
+                assert ptrs <= first  # the same buffers again
+        assert root._spare  # the sender's cast buffers are reused too
+    finally:
+        member.close()
+        root.close()
+    assert not member._spare and not root._spare  # closing the group lets them go

@@ -118,6 +118,8 @@ class BroadcastsWeights:
         try:
             if error is None and self._weight_group is not None:
                 self._weight_group.wait([work for work, _ in in_flight])
+                for _, out in in_flight:
+                    self._weight_group.recycle(out)
         except Exception as e:  # noqa: BLE001
             error = e
         if error is not None:
@@ -125,13 +127,17 @@ class BroadcastsWeights:
         return sent
 
     def _send(self, full: torch.Tensor, wire: torch.dtype, in_flight: list[tuple[Any, torch.Tensor]]) -> int:
-        """Cast `full` and start its broadcast, keeping at most two in flight; the bytes it puts on the wire."""
+        """Cast `full` into a buffer of the group's and start its broadcast, keeping at most two in flight (their
+        buffers go back to the group); the bytes it puts on the wire."""
         group = self._weight_group
         assert group is not None
-        out = full.detach().to(device="cuda" if group.backend == "nccl" else "cpu", dtype=wire).contiguous()
+        out = group.buffer(full.shape, wire, "cuda" if group.backend == "nccl" else "cpu")
+        out.copy_(full.detach())
         in_flight.append((group.start_broadcast(out), out))
         if len(in_flight) > 2:
-            group.wait([in_flight.pop(0)[0]])
+            work, done = in_flight.pop(0)
+            group.wait([work])
+            group.recycle(done)
         return out.numel() * out.element_size()
 
     def broadcast_weights_or_leave(self, dtype: str = "bfloat16") -> int:

@@ -439,10 +439,12 @@ class EngineServer:
             raise BadRequest(f"update_weights_from_distributed: bad body ({e!r})") from e
         from asearch.engine.weight_group import receive_tensors
 
-        put = received.__setitem__ if isinstance(received, dict) else received.put
         t0 = time.perf_counter()
         try:
-            await asyncio.to_thread(receive_tensors, group, names, dtypes, shapes, self.engine.device, put)
+            if isinstance(received, dict):  # kept as they come: new tensors
+                received.update(await asyncio.to_thread(receive_tensors, group, names, dtypes, shapes, self.engine.device))
+            else:  # each copied into the engine's layout as it arrives, from buffers the group reuses
+                await asyncio.to_thread(receive_tensors, group, names, dtypes, shapes, self.engine.device, received.put)
             log.info("weight group %s: %d tensors received and placed in %.2fs", name, len(names), time.perf_counter() - t0)
             if body.get("weight_version") is None:
                 return True, f"Received {len(names)} tensors."

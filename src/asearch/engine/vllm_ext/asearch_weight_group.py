@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,9 +60,27 @@ class WeightGroup:
     process_group: Any
     store: Any  # kept alive as long as the group: the group's members talk through it
     op_timeout_s: float = 600.0  # the longest `wait` lets a broadcast go without any finishing
+    max_spare: int = 8  # buffers of one shape kept for reuse: a receive window's worth
     _aborted: threading.Event = field(default_factory=threading.Event, repr=False)
     _pending: list[Any] = field(default_factory=list, repr=False)
     _store_checked: float = 0.0
+    _spare: dict[tuple[tuple[int, ...], torch.dtype], list[torch.Tensor]] = field(default_factory=dict, repr=False)
+
+    def buffer(self, shape: Sequence[int], dtype: torch.dtype, device: Any = "cpu") -> torch.Tensor:
+        """An uninitialised tensor to broadcast from or into: on the CPU one that `recycle` gave back where
+        there is one (a new one costs a page fault per 4 KiB, as much as the broadcast's own copy)."""
+        shape = tuple(int(s) for s in shape)
+        spare = self._spare.get((shape, dtype)) if torch.device(device).type == "cpu" else None
+        return spare.pop() if spare else torch.empty(shape, dtype=dtype, device=device)
+
+    def recycle(self, tensor: torch.Tensor) -> None:
+        """Give back a `buffer` whose broadcast is over and whose contents nobody reads any more. CPU only (the
+        CUDA caching allocator reuses memory by itself); kept until the group closes, `max_spare` a shape."""
+        if tensor.device.type != "cpu":
+            return
+        spare = self._spare.setdefault((tuple(tensor.shape), tensor.dtype), [])
+        if len(spare) < self.max_spare:
+            spare.append(tensor)
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         """Rank 0 sends `tensor`; every other member receives into its `tensor` (same shape and dtype)."""
@@ -122,6 +141,7 @@ class WeightGroup:
         broadcast still pending the group is abandoned instead, as shutting it down would wait for it."""
         group, self.process_group = self.process_group, None
         self._aborted.set()
+        self._spare.clear()
         if group is None:
             return
         if any(not w.is_completed() for w in self._pending):
@@ -190,17 +210,41 @@ def receive_tensors(
     shapes: Sequence[Sequence[int]],
     device: Any,
     on_tensor: Callable[[str, torch.Tensor], None] | None = None,
+    *,
+    window: int = 8,
 ) -> list[tuple[str, torch.Tensor]]:
-    """Receive one update's tensors (one broadcast each, in the order listed) into new tensors on `device` (on
-    the CPU for a gloo group: the loader moves them). `on_tensor(name, tensor)` runs on each as soon as it has
-    arrived, while the later ones are still on the wire."""
+    """Receive one update's tensors (one broadcast each, in the order listed) on `device` (on the CPU for a
+    gloo group: the loader moves them).
+
+    Without `on_tensor`: into new tensors, all posted at once, and returned. With it: `on_tensor(name,
+    tensor)` runs on each as soon as it has arrived, while the later ones are still on the wire, and must
+    copy what it keeps: the tensors arrive in buffers the group reuses, `window` posted ahead at a time
+    (so a receive holds a window of buffers, not a whole bucket); nothing is returned."""
     if not len(names) == len(dtypes) == len(shapes):
         raise ValueError(f"{len(names)} names, {len(dtypes)} dtypes and {len(shapes)} shapes differ")
     device = "cpu" if group.backend == "gloo" else device
-    out, works = [], []
-    for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
-        tensor = torch.empty(tuple(int(s) for s in shape), dtype=parse_dtype(dtype), device=device)
-        works.append(group.start_broadcast(tensor))  # all posted at once: no round trip between tensors
-        out.append((name, tensor))
-    group.wait(works, None if on_tensor is None else lambda i: on_tensor(*out[i]))
-    return out
+    specs = [(name, parse_dtype(dtype), shape) for name, dtype, shape in zip(names, dtypes, shapes, strict=True)]
+    if on_tensor is None:
+        out, works = [], []
+        for name, dtype, shape in specs:
+            tensor = torch.empty(tuple(int(s) for s in shape), dtype=dtype, device=device)
+            works.append(group.start_broadcast(tensor))  # all posted at once: no round trip between tensors
+            out.append((name, tensor))
+        group.wait(works)
+        return out
+    posted: deque[tuple[Any, torch.Tensor]] = deque()
+
+    def post(k: int) -> None:
+        tensor = group.buffer(specs[k][2], specs[k][1], device)
+        posted.append((group.start_broadcast(tensor), tensor))
+
+    for k in range(min(window, len(specs))):
+        post(k)
+    for i, (name, _, _) in enumerate(specs):
+        work, tensor = posted.popleft()
+        group.wait([work])
+        on_tensor(name, tensor)
+        group.recycle(tensor)
+        if i + window < len(specs):
+            post(i + window)
+    return []
