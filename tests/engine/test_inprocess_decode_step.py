@@ -135,7 +135,8 @@ def test_stop_strings_end_generation_as_when_every_token_is_checked(model, token
 
 def test_a_step_runs_its_decode_rows_in_one_forward(model, tokenizer, monkeypatch):
     """Ten requests through four slots: later ones join while others decode and long prompts prefill in
-    chunks, so prefilling rows sit between decoding ones; still one decode forward a step, and every greedy output equals the one decoded alone."""
+    chunks, so prefilling rows sit between decoding ones; still one decode forward a step, and every greedy
+    output equals the one decoded alone."""
     decode_forwards: list[int] = []
     real_forward = decoder_mod.forward
 

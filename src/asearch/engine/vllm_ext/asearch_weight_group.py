@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 BACKENDS = ("gloo", "nccl")
+RECEIVE_WINDOW = 8  # broadcasts a callback receive posts ahead, and so the buffers of one shape worth keeping
 
 
 def parse_dtype(name: str) -> torch.dtype:
@@ -60,7 +61,7 @@ class WeightGroup:
     process_group: Any
     store: Any  # kept alive as long as the group: the group's members talk through it
     op_timeout_s: float = 600.0  # the longest `wait` lets a broadcast go without any finishing
-    max_spare: int = 8  # buffers of one shape kept for reuse: a receive window's worth
+    max_spare: int = RECEIVE_WINDOW  # buffers of one shape kept for reuse
     _aborted: threading.Event = field(default_factory=threading.Event, repr=False)
     _pending: list[Any] = field(default_factory=list, repr=False)
     _store_checked: float = 0.0
@@ -211,7 +212,7 @@ def receive_tensors(
     device: Any,
     on_tensor: Callable[[str, torch.Tensor], None] | None = None,
     *,
-    window: int = 8,
+    window: int = RECEIVE_WINDOW,
 ) -> list[tuple[str, torch.Tensor]]:
     """Receive one update's tensors (one broadcast each, in the order listed) on `device` (on the CPU for a
     gloo group: the loader moves them).
