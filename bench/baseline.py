@@ -1,10 +1,14 @@
-"""What the benches that compare with a base commit share: a git worktree of that commit (its `src/` goes first
-on a worker's PYTHONPATH) and the modules the worker imports, found where the base commit had them."""
+"""What the benches share: for those that compare with a base commit, a git worktree of that commit (its `src/`
+goes first on a worker's PYTHONPATH) and the modules the worker imports, found where the base commit had them;
+for all, the report they print and write."""
 
 from __future__ import annotations
 
 import importlib
+import os
+import platform
 import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -37,3 +41,18 @@ def import_moved(name: str) -> ModuleType:
         if name not in MOVED:
             raise
         return importlib.import_module(MOVED[name])
+
+
+def write_report(title: str, script: str, argv: list[str] | None, detail: str, seconds: float, body: str, out: Path | None) -> str:
+    """`# title`, the command that made it (python bench/<script> and its arguments), the machine, `detail` and
+    the run's seconds, then `body`: printed, and written to `out` unless it is None."""
+    import torch
+
+    args = " ".join(argv if argv is not None else sys.argv[1:])
+    where = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {detail}"
+    report = f"# {title}\n\n`{f'python bench/{script} {args}'.strip()}` ({where}; {seconds:.0f} s in all)\n\n{body}\n"
+    print("\n" + report)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(report)
+    return report

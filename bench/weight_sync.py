@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -35,7 +34,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from baseline import import_moved, worktree  # noqa: E402
+from baseline import import_moved, worktree, write_report  # noqa: E402
 from gpu_check import SHAPES  # noqa: E402
 
 METHODS = ("disk-float32", "disk-bfloat16", "collective")
@@ -237,14 +236,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.json.write_text(json.dumps(out))
         return out
     text = table({**base, **out["results"]}, out["n_params"], args.servers)
-    cmd = "python bench/weight_sync.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    where = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, device {args.device}"
-    report = f"# Weight sync, trainer -> {args.servers} rollout servers\n\n`{cmd.strip()}` ({where}; " \
-             f"{time.perf_counter() - t:.0f} s in all)\n\n{text}\n"  # fmt: skip
-    print("\n" + report)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(report)
+    write_report(f"Weight sync, trainer -> {args.servers} rollout servers", "weight_sync.py", argv,
+                 f"device {args.device}", time.perf_counter() - t, text, args.out)  # fmt: skip
     return out
 
 

@@ -183,3 +183,38 @@ def test_engine_with_native_kernels_samples_what_torch_samples():
     for a, b in zip(native, reference, strict=True):
         assert a.output_ids == b.output_ids
         assert a.output_logprobs == pytest.approx(b.output_logprobs, abs=1e-5)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("rows", "cols"), [(8, 8), (37, 21), (1, 13), (70, 45), (130, 64)])
+def test_transpose_into_equals_torchs_copy_bit_for_bit(dtype, rows, cols):
+    """Whole 8 x 8 tiles and the edges around them, from a column slice into a column slice (both with
+    row strides of their own), special values included."""
+    kernels = cpu_kernels.CpuKernels(cpu_kernels.load())
+    g = torch.Generator().manual_seed(rows * cols)
+    wide = torch.randn(rows, cols + 11, generator=g).to(dtype)
+    src = wide[:, 5 : 5 + cols]
+    assert rows == 1 or not src.is_contiguous()  # the kernel must follow the source's row stride
+    specials = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 1e-40], dtype=dtype)
+    src[0, : min(cols, 5)] = specials[: min(cols, 5)]
+    fused = torch.full((cols, rows + 9), 7.0)
+    fused_ref = fused.clone()
+    assert kernels.transpose_into(fused[:, 3 : 3 + rows], src)
+    fused_ref[:, 3 : 3 + rows].copy_(src.t())
+    assert torch.equal(fused.view(torch.int32), fused_ref.view(torch.int32))  # NaN bits and -0.0 too; rest untouched
+
+
+@needs_kernels
+def test_transpose_into_declines_what_it_does_not_handle_and_writes_nothing():
+    kernels = cpu_kernels.CpuKernels(cpu_kernels.load())
+    src = torch.randn(16, 24)
+    for dst, s in [
+        (torch.zeros(24, 16), src.half()),  # float16 source
+        (torch.zeros(24, 16, dtype=torch.float64), src),  # float64 destination
+        (torch.zeros(16, 24), src),  # not the transposed shape
+        (torch.zeros(24, 16), src.t().contiguous().t()),  # source elements not contiguous in a row
+        (torch.zeros(16, 24).t(), src),  # destination elements not contiguous in a row
+    ]:
+        assert not kernels.transpose_into(dst, s)
+        assert not dst.any()

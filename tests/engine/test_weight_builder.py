@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from asearch.engine.local import cpu_kernels
 from asearch.engine.local.decoder import DecoderSpec, DecoderWeights, DecoderWeightsBuilder
 from asearch.errors import ConfigError
 
@@ -44,6 +45,26 @@ def test_tensor_by_tensor_in_any_order_equals_the_whole_build_and_fills_reused_t
     again = DecoderWeights.from_state_dict(spec, sd2, torch.float32, reuse=built)
     assert {k: t.data_ptr() for k, t in again.by_field().items()} == storage  # no new tensor
     assert same(again, DecoderWeights.from_state_dict(spec, sd2, torch.float32))
+
+
+@pytest.mark.skipif(cpu_kernels.load() is None, reason="no C compiler builds cpu_kernels.c")
+@pytest.mark.parametrize("wire", [torch.bfloat16, torch.float32, torch.float16])
+def test_the_c_transpose_builds_the_same_weights_as_torchs_copy(wire) -> None:
+    """float16 is not the kernel's: those tensors go through torch's copy, which the builder falls back to."""
+    m = qwen2(2)
+    spec = DecoderSpec.from_config(m.config)
+    sd = {k: v.to(wire) for k, v in m.state_dict().items()}
+    calls: list[bool] = []
+    kernels = cpu_kernels.CpuKernels(cpu_kernels.load())
+
+    def transpose(dst: torch.Tensor, src: torch.Tensor) -> bool:
+        calls.append(kernels.transpose_into(dst, src))
+        return calls[-1]
+
+    built = DecoderWeights.from_state_dict(spec, sd, torch.float32, transpose=transpose)
+    assert same(built, DecoderWeights.from_state_dict(spec, sd, torch.float32))
+    assert len(calls) == 2 * 7  # q, k, v, o, gate, up, down of 2 layers
+    assert all(calls) == (wire != torch.float16) and any(calls) == (wire != torch.float16)
 
 
 def test_a_missing_tensor_or_half_the_biases_is_refused() -> None:

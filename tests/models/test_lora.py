@@ -137,12 +137,14 @@ def test_lora_sft_learns_and_merges_into_the_model(policy):
 
     tok, model = policy
     m = copy.deepcopy(model)
-    cfg = SFTConfig(steps=30, batch_size=2, device="cpu", lora=LoraConfig(r=8, alpha=32))
+    cfg = SFTConfig(steps=60, batch_size=2, device="cpu", lora=LoraConfig(r=8, alpha=32))
     cfg.optim.lr = 3e-2
     losses = sft(m, _samples(tok), cfg)
     # every sample is the same sequence, so an untrained model's loss stays put; the tied embedding (no adapter)
-    # carries most of a random tiny model's logits, so adapters on the linear layers move it slowly
-    assert losses[-1] < 0.95 * losses[0]
+    # carries most of a random tiny model's logits, so adapters on the linear layers move it slowly. One step's
+    # loss swings by 3% at this learning rate, and on an AVX2-only CPU 30 steps ended 4.7% down: 60 steps, and
+    # the mean of the last five
+    assert sum(losses[-5:]) / 5 < 0.95 * losses[0], losses
     assert not is_lora(m) and not any("lora_" in n for n, _ in m.named_parameters())  # merged, adapters gone
     assert torch.equal(m.model.embed_tokens.weight, model.model.embed_tokens.weight)  # not a target: untouched
     assert not torch.equal(m.model.layers[0].self_attn.q_proj.weight, model.model.layers[0].self_attn.q_proj.weight)

@@ -1,4 +1,4 @@
-/* CPU kernels of the in-process engine's decode step (float32), built at first use by cpu_kernels.py.
+/* CPU kernels of the in-process engine (float32), its decode step and weight loader, built by cpu_kernels.py.
 
    decode_attention: RoPE, the K/V write and attention for one new token per row, grouped-query heads. At
    decode batch sizes the step is bound by reading the KV cache; torch's flash kernel spends about as long
@@ -9,6 +9,10 @@
 
    sample_rows: the sampler's temperature, log-softmax and inverse-CDF draw in two passes over each row.
 
+   transpose_to_f32: a float32 or bfloat16 matrix stored transposed as float32, for the weight loader
+   (HF's (out, in) projections into the engine's (in, out) ones). torch's strided copy goes element by
+   element through the source's columns; this one moves 8 x 8 tiles.
+
    Compiled with reassociation (vectorised sums) but not -ffast-math: infinities and NaN keep their
    meaning, and denormals are not flushed. */
 
@@ -16,6 +20,10 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
 /* glibc's vector expf (libmvec), which math.h declares only under -ffast-math */
 float expf(float) __attribute__((__simd__("notinbranch")));
@@ -196,4 +204,66 @@ int sample_rows(const float *restrict logits, int64_t B, int64_t V, const float 
   free(e);
   free(block);
   return 0;
+}
+
+/* Element k of a float32 (bf16 0) or bfloat16 (bf16 1) array, as float32 (bfloat16 is float32's top half). */
+static inline float element_f32(const void *src, int64_t bf16, int64_t k) {
+  if (!bf16) return ((const float *)src)[k];
+  const uint32_t bits = (uint32_t)((const uint16_t *)src)[k] << 16;
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+#ifdef __AVX2__
+static inline __m256 load8_f32(const void *src, int64_t bf16, int64_t k) {
+  if (!bf16) return _mm256_loadu_ps((const float *)src + k);
+  const __m128i half = _mm_loadu_si128((const __m128i *)((const uint16_t *)src + k));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+}
+
+/* The 8 x 8 tile at element k of src (row stride s_row), transposed into d (row stride d_row). */
+static void transpose_tile8(const void *src, int64_t bf16, int64_t k, int64_t s_row, float *d, int64_t d_row) {
+  __m256 r[8], t[8], u[8];
+  for (int a = 0; a < 8; ++a) r[a] = load8_f32(src, bf16, k + a * s_row);
+  for (int a = 0; a < 8; a += 2) {
+    t[a] = _mm256_unpacklo_ps(r[a], r[a + 1]);
+    t[a + 1] = _mm256_unpackhi_ps(r[a], r[a + 1]);
+  }
+  for (int a = 0; a < 8; a += 4) {
+    u[a] = _mm256_shuffle_ps(t[a], t[a + 2], 0x44);
+    u[a + 1] = _mm256_shuffle_ps(t[a], t[a + 2], 0xEE);
+    u[a + 2] = _mm256_shuffle_ps(t[a + 1], t[a + 3], 0x44);
+    u[a + 3] = _mm256_shuffle_ps(t[a + 1], t[a + 3], 0xEE);
+  }
+  for (int a = 0; a < 4; ++a) {
+    _mm256_storeu_ps(d + a * d_row, _mm256_permute2f128_ps(u[a], u[a + 4], 0x20));
+    _mm256_storeu_ps(d + (a + 4) * d_row, _mm256_permute2f128_ps(u[a], u[a + 4], 0x31));
+  }
+}
+#endif
+
+/* dst[j * d_row + i] = src[i * s_row + j] as float32 for i < rows, j < cols: the (rows, cols) matrix src
+   (float32, or bfloat16 where bf16 is 1; row stride s_row elements) stored transposed in dst. By strips of
+   32 source columns (32 destination rows, written as sequential streams) and blocks of 64 source rows. */
+void transpose_to_f32(const void *src, int64_t bf16, int64_t rows, int64_t cols, int64_t s_row, float *restrict dst,
+                      int64_t d_row) {
+  for (int64_t j0 = 0; j0 < cols; j0 += 32) {
+    const int64_t j1 = j0 + 32 < cols ? j0 + 32 : cols;
+    for (int64_t i0 = 0; i0 < rows; i0 += 64) {
+      const int64_t i1 = i0 + 64 < rows ? i0 + 64 : rows;
+      int64_t i8 = i0, j8 = j0; /* [i0, i8) x [j0, j8): what whole 8 x 8 tiles cover */
+#ifdef __AVX2__
+      i8 = i0 + (i1 - i0) / 8 * 8;
+      j8 = j0 + (j1 - j0) / 8 * 8;
+      for (int64_t j = j0; j < j8; j += 8)
+        for (int64_t i = i0; i < i8; i += 8)
+          transpose_tile8(src, bf16, i * s_row + j, s_row, dst + j * d_row + i, d_row);
+#endif
+      for (int64_t j = j8; j < j1; ++j)
+        for (int64_t i = i0; i < i1; ++i) dst[j * d_row + i] = element_f32(src, bf16, i * s_row + j);
+      for (int64_t j = j0; j < j8; ++j)
+        for (int64_t i = i8; i < i1; ++i) dst[j * d_row + i] = element_f32(src, bf16, i * s_row + j);
+    }
+  }
 }

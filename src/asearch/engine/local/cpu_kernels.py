@@ -1,4 +1,5 @@
-"""C kernels for the in-process engine's decode step on the CPU (`cpu_kernels.c`), called through ctypes.
+"""C kernels for the in-process engine's decode step and weight loading on the CPU (`cpu_kernels.c`), called
+through ctypes.
 
 The source is compiled once per process, at first use, by the system C compiler (`$CC`, else `cc`, about
 half a second) for the host CPU (`-march=native`). Where no compiler is found or the build fails, `load()`
@@ -75,6 +76,8 @@ def _build() -> ctypes.CDLL | None:
     lib.sample_rows.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ptr]
     lib.rms_norm.argtypes = [ptr, i64, i64, i64, ptr, ctypes.c_float, ptr]
     lib.rms_norm.restype = None
+    lib.transpose_to_f32.argtypes = [ptr, i64, i64, i64, i64, ptr, i64]
+    lib.transpose_to_f32.restype = None
     lib.decode_attention.restype = lib.sample_rows.restype = ctypes.c_int
     return lib
 
@@ -127,6 +130,23 @@ class CpuKernels:
         if self.lib.sample_rows(logits.data_ptr(), B, V, temps.data_ptr(), us.data_ptr(), ids.data_ptr(), lps.data_ptr()):
             raise MemoryError("sample_rows could not allocate its scratch")
         return ids.tolist(), lps.tolist()
+
+    def transpose_into(self, dst: Tensor, src: Tensor) -> bool:
+        """dst (C, R) float32 = src (R, C) float32 or bfloat16, transposed (`dst.copy_(src.t())`; bit-exact);
+        both on the CPU with contiguous rows, any row stride (dst may be a column slice of a fused matrix).
+        False, writing nothing, for other dtypes, devices or layouts (the caller copies with torch)."""
+        import torch
+
+        if (
+            dst.dtype != torch.float32 or src.dtype not in (torch.float32, torch.bfloat16) or dst.device.type != "cpu"
+            or src.device.type != "cpu" or src.dim() != 2 or dst.shape != src.shape[::-1] or src.stride(1) != 1
+            or dst.stride(1) != 1 or 0 in src.shape
+        ):  # fmt: skip
+            return False
+        rows, cols = src.shape
+        bf16 = int(src.dtype == torch.bfloat16)
+        self.lib.transpose_to_f32(src.data_ptr(), bf16, rows, cols, src.stride(0), dst.data_ptr(), dst.stride(0))
+        return True
 
 
 class DecodeAttention:

@@ -22,6 +22,8 @@ from torch import Tensor
 from asearch.errors import ConfigError
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+# (dst, src) -> whether it wrote dst = src transposed (False: the layout is not one it handles)
+TransposeInto = Callable[[Tensor, Tensor], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,15 +108,15 @@ class DecoderWeights:
     @classmethod
     def from_state_dict(
         cls, spec: DecoderSpec, sd: Mapping[str, Tensor], dtype: torch.dtype, device: torch.device | str = "cpu",
-        *, reuse: DecoderWeights | None = None,
+        *, reuse: DecoderWeights | None = None, transpose: TransposeInto | None = None,
     ) -> DecoderWeights:  # fmt: skip
         """Copy (never alias) the tensors of an HF-named state dict into the fused layout (into `reuse`'s
-        tensors where they fit: see `DecoderWeightsBuilder`).
+        tensors where they fit, transposing with `transpose`: see `DecoderWeightsBuilder`).
 
         Validates every name and shape first, so a bad state dict raises ConfigError and leaves the
         caller's current weights untouched.
         """
-        builder = DecoderWeightsBuilder(spec, dtype, device, reuse=reuse)
+        builder = DecoderWeightsBuilder(spec, dtype, device, reuse=reuse, transpose=transpose)
         builder.check({k: tuple(v.shape) for k, v in sd.items()}, complete=True)
         for name, tensor in sd.items():
             builder.put(name, tensor)
@@ -183,11 +185,13 @@ class DecoderWeightsBuilder:
     the wire. `finish` checks that nothing required is missing and returns the weights."""
 
     def __init__(
-        self, spec: DecoderSpec, dtype: torch.dtype, device: torch.device | str = "cpu", *, reuse: DecoderWeights | None = None
-    ):
+        self, spec: DecoderSpec, dtype: torch.dtype, device: torch.device | str = "cpu", *,
+        reuse: DecoderWeights | None = None, transpose: TransposeInto | None = None,
+    ):  # fmt: skip
         """`reuse`: weights nothing reads any more, whose tensors are filled instead of new ones (on a CPU a
-        new tensor costs a page fault per 4 KiB: a third of the time of a 0.5B model's build)."""
-        self.spec, self.dtype, self.device = spec, dtype, device
+        new tensor costs a page fault per 4 KiB: a third of the time of a 0.5B model's build). `transpose`:
+        copies a matrix transposed (`cpu_kernels.CpuKernels.transpose_into`), else torch's strided copy."""
+        self.spec, self.dtype, self.device, self.transpose = spec, dtype, device, transpose
         self.expected = expected_shapes(spec)
         h, q, kv, inter = spec.hidden, spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim, spec.intermediate
         # layer-relative name -> (field, first column or element, transposed into an (in, out) matrix)
@@ -234,15 +238,15 @@ class DecoderWeightsBuilder:
             self.check({name: tuple(tensor.shape)})  # raises, naming it
         src = tensor.detach()
         layer, field, start, transposed = self._place(name)
-        if transposed:
-            src = src.t()
-        width = src.shape[-1] if src.dim() == 2 else src.shape[0]
+        shape = tuple(src.shape[::-1]) if transposed else tuple(src.shape)
+        width = shape[-1]
         with torch.inference_mode():  # the engine's weights are inference tensors (reused ones too)
-            dest = self._dest(layer, field, tuple(src.shape))
-            if dest.dim() == 2:
-                dest[:, start : start + width].copy_(src)
-            else:
-                dest[start : start + width].copy_(src)
+            dest = self._dest(layer, field, shape)
+            part = dest[:, start : start + width] if dest.dim() == 2 else dest[start : start + width]
+            if not transposed:
+                part.copy_(src)
+            elif self.transpose is None or not self.transpose(part, src):
+                part.copy_(src.t())
         self._seen.add(name)
 
     def _place(self, name: str) -> tuple[int, str, int, bool]:

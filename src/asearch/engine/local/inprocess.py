@@ -188,8 +188,12 @@ class InProcessEngine:
         self._dtype = resolve_dtype(self.cfg.dtype, self.device)
         self.max_seq_len = min(self.cfg.max_seq_len, self.spec.max_positions)
         self._spare_weights: list[DecoderWeights] = []  # CPU: the previous version's tensors, for the next build
+        self._kernels = kernels_for(self.cfg.cpu_kernels, self.device, self._dtype)
+        self._transpose = self._kernels.transpose_into if self._kernels is not None else None
         with torch.inference_mode():
-            self._weights = DecoderWeights.from_state_dict(self.spec, merged_state_dict(model), self._dtype, self.device)
+            self._weights = DecoderWeights.from_state_dict(
+                self.spec, merged_state_dict(model), self._dtype, self.device, transpose=self._transpose
+            )
             rotary = base_model(model).model.rotary_emb
             self._rope = RoPE(
                 rotary.inv_freq, float(rotary.attention_scaling), self.max_seq_len, self._dtype, self.device
@@ -198,7 +202,6 @@ class InProcessEngine:
             self._cache = SlotKVCache(
                 self.spec, self._dtype, self.cfg.max_batch, self.max_seq_len, self.device, spare_slot=graphs
             )
-        self._kernels = kernels_for(self.cfg.cpu_kernels, self.device, self._dtype)
         self._decode_attention = self._kernels.decode_attention(self.spec) if self._kernels is not None else None
         # CUDA: decode runs on a stream of its own (high priority: a step waits on it), after what the constructor queued
         self._stream = torch.cuda.Stream(self.device, priority=-1) if self.device.type == "cuda" else None
@@ -284,7 +287,9 @@ class InProcessEngine:
         generation goes on (a weight broadcast); `update_weights(builder.finish(), ...)` then only swaps."""
         from asearch.engine.local.decoder import DecoderWeightsBuilder
 
-        return DecoderWeightsBuilder(self.spec, self._dtype, self.device, reuse=self._take_spare_weights())
+        return DecoderWeightsBuilder(
+            self.spec, self._dtype, self.device, reuse=self._take_spare_weights(), transpose=self._transpose
+        )
 
     async def update_weights(
         self, source: WeightSource | DecoderWeights, version: int, *, kv: UpdateKV | None = None
@@ -550,7 +555,9 @@ class InProcessEngine:
                     raise FileNotFoundError(f"update_weights: {path} is not a directory of safetensors")
                 sd = load_safetensors_dir(path)
             spare = self._take_spare_weights()
-            new = DecoderWeights.from_state_dict(self.spec, sd, self._dtype, self.device, reuse=spare)  # validates first
+            new = DecoderWeights.from_state_dict(
+                self.spec, sd, self._dtype, self.device, reuse=spare, transpose=self._transpose
+            )  # validates first
         old = self._weights
         # Captured graphs read the weights where they are: copy into them (or drop the graphs if the layout changed).
         if self._graphs is None or not self._weights.copy_(new):
