@@ -54,5 +54,9 @@ class TrainerRankError(LaunchError):
     """A trainer rank raised, died or did not answer within its timeout; the run stops (its last checkpoint resumes it)."""
 
 
+class CheckpointError(AsearchError):
+    """A checkpoint cannot be resumed as it was saved: the weights loaded differ from those written."""
+
+
 class TrainingDiverged(AsearchError):
     """A training step's loss or gradient norm is not finite; the weights keep the last finite step's values."""

@@ -208,6 +208,8 @@ def test_two_nodes_place_by_node_address_train_and_resume(two_nodes, tiny_world_
     said = done.stdout + done.stderr
     assert done.returncode == 0, said[-4000:]
     assert f"(step {ckpt_step}," in said.replace("\n", ""), said[-3000:]
+    # both ranks' shards, read back on their two nodes, are the weights the killed run saved at that step
+    assert "weights as saved: digest" in said.replace("\n", ""), said[-3000:]
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, ckpt_step + 2)), (ckpt_step, steps)
     resumed = [line for line in said.splitlines() if "resum" in line.lower() or line.startswith("step ")]

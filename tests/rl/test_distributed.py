@@ -85,6 +85,7 @@ def _worker(tmp: Path) -> None:
             ckpt = trainer.state_dict()
             (tmp / "sharded").mkdir(exist_ok=True)
             trainer.save_checkpoint(tmp / "sharded")  # each rank its shard
+            out["digest_saved"] = trainer.weights_digest()  # a collective: each rank sums its shards
     trainer.save_hf(tmp / "saved")
     # a checkpoint taken after step 1, loaded into a fresh trainer, gives the same step 2
     resumed = fresh()
@@ -93,6 +94,7 @@ def _worker(tmp: Path) -> None:
     out["resumed_params"] = resumed.full_state_dict()
     from_shards = fresh()
     from_shards.load_checkpoint(tmp / "sharded")
+    out["digest_loaded"] = from_shards.weights_digest()
     from_shards.train_step(samples, policy_version=1)
     out["sharded_resumed_params"] = from_shards.full_state_dict()
     out["shard_files"] = sorted(p.name for p in (tmp / "sharded" / "shards").iterdir())
@@ -132,6 +134,9 @@ def test_two_ranks_equal_one_process(setup, run_ranks) -> None:
     worst = {"grad": 0.0, "param": 0.0}
     for step in range(2):
         stats = ref.train_step(samples, policy_version=step)
+        if step == 0:  # the digest of the sharded weights is the whole model's, and the loaded shards have it
+            assert dist_out["digest_saved"] == pytest.approx(ref.weights_digest(), rel=1e-4)
+            assert dist_out["digest_loaded"] == pytest.approx(dist_out["digest_saved"], rel=1e-12)
         got = dist_out["steps"][step]
         assert stats["perf/grad_norm"] > CFG.optim.grad_clip  # clipping engaged
         assert got["stats"]["perf/grad_norm"] == pytest.approx(stats["perf/grad_norm"], rel=1e-5)

@@ -109,6 +109,9 @@ class _Trainer:
     def load_checkpoint(self, directory):
         pass
 
+    def weights_digest(self):
+        return [0.0, 0.0]
+
 
 class _Weights:
     def __init__(self, engine: _Engine) -> None:

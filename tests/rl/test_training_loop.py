@@ -63,6 +63,9 @@ class FakeTrainer:
     def load_checkpoint(self, directory):
         self.load_state_dict(json.loads((directory / "fake_trainer.json").read_text()))
 
+    def weights_digest(self):
+        return [float(self.steps), 0.0]
+
 
 class FakeWeights:
     def __init__(self, engine: FakeEngine, events: Events):

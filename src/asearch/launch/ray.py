@@ -249,6 +249,9 @@ class TrainerRankActor:
     def load_checkpoint(self, directory: str) -> None:
         self.trainer.load_checkpoint(Path(directory))
 
+    def weights_digest(self) -> list[float]:
+        return self.trainer.weights_digest()
+
 
 # ---------------------------------------------------------------------------- driver side
 
@@ -367,6 +370,9 @@ class RayTrainerGroup:
 
     def load_checkpoint(self, directory: Path) -> None:
         self._all("load_checkpoint", str(directory))
+
+    def weights_digest(self) -> list[float]:
+        return self._all("weights_digest")[0]
 
 
 @register_launcher("ray")

@@ -491,9 +491,26 @@ class Trainer(Protocol):
         """Read what `save_checkpoint` wrote (or a whole-state `trainer.pt`)."""
         ...
 
+    def weights_digest(self) -> list[float]:
+        """[sum, sum of squares] of the policy's weights in float64 (`weights_digest`; every rank takes part)."""
+        ...
+
 
 # A checkpoint's whole trainer state in one file: one process's trainer, and checkpoints from before sharding.
 TRAINER_STATE_FILE = "trainer.pt"
+
+
+@torch.no_grad()
+def weights_digest(model: Any) -> list[float]:
+    """[sum, sum of squares] over every parameter's values, in float64: equal weights give equal digests
+    (up to float64 rounding when a resumed run shards them otherwise). A DTensor's sums are reduced over the
+    ranks that shard it (a collective: every rank calls this), so each rank gets the whole model's."""
+    total = [0.0, 0.0]
+    for _, param in sorted(model.named_parameters(), key=lambda item: item[0]):
+        values = param.detach().double()
+        for i, part in enumerate((values.sum(), (values * values).sum())):
+            total[i] += float(part.full_tensor() if hasattr(part, "full_tensor") else part)
+    return total
 
 
 def enable_activation_checkpointing(model: Any) -> None:
@@ -764,6 +781,9 @@ class PolicyTrainer(BroadcastsWeights):
 
     def load_checkpoint(self, directory: Path) -> None:
         self.load_state_dict(torch.load(Path(directory) / TRAINER_STATE_FILE, map_location="cpu", weights_only=False))
+
+    def weights_digest(self) -> list[float]:
+        return weights_digest(self.model)
 
 
 def write_hf_dir(
