@@ -103,10 +103,10 @@ def _run(pass_rate: bool, steps: int, seed: int, kill_at: int | None = None) -> 
         kept, dropped = ctl.staleness.accepted, ctl.staleness.rejected
         skipped = sum(ctl.sampler.skipped.values()) if ctl.sampler else 0
         pending = len(ctl.ready) + len(ctl.inflight) + len(ctl.redo)
-        pulled = ctl.data_position
-        await ctl.close()
+        pulled, rejected = ctl.data_position, sum(ctl.rejected.values())
+        await ctl.close()  # it cancels the groups in flight, which then count as rejected too: counted before
         return {"per_kept": (kept + dropped) / kept, "skipped": skipped, "pending": pending,
-                "rejected": sum(ctl.rejected.values()), "pulled": pulled}  # fmt: skip
+                "rejected": rejected, "pulled": pulled}  # fmt: skip
 
     out = asyncio.run(main())
     out["trained"], out["admitted"] = seen, admitted
@@ -164,18 +164,19 @@ def test_unseen_questions_follow_their_class_variance_share_once_every_class_has
 
 
 def _probe_run(probe: int, seed: int, steps: int = 12) -> dict:
-    """A stream of fresh questions (never repeated), a third always right, a third never, a third coin flips."""
-    cfg = ControllerConfig(batch_size=4, group_size=8, max_staleness=1, max_concurrent=6,
+    """A stream of fresh questions (never repeated), a third always right, a third never, a third coin flips. No
+    group can go stale in `steps` versions: how many a box's timer jitter would cancel is not the probe's doing."""
+    cfg = ControllerConfig(batch_size=4, group_size=8, max_staleness=steps, max_concurrent=6,
                            sampling=SamplingConfig(probe=probe))  # fmt: skip
-    rng = random.Random(seed)
     calls: dict[int, list[int]] = {}
     holder: dict[str, RolloutController] = {}
 
     async def episode(sample, k):
         calls.setdefault(sample["id"], []).append(k)
-        await asyncio.sleep(rng.choice([0.0002, 0.001]))
+        draw = random.Random(f"{seed}/{sample['id']}/{k}")  # each sample's own: not the order episodes finish in
+        await asyncio.sleep(draw.choice([0.0002, 0.001]))
         p = (1.0, 0.0, 0.5)[sample["id"] % 3]
-        return _traj(float(rng.random() < p), holder["ctl"].version)
+        return _traj(float(draw.random() < p), holder["ctl"].version)
 
     async def main():
         ctl = RolloutController(cfg, ((i, {"id": i}) for i in range(10_000)), episode, seed=seed)
