@@ -139,3 +139,27 @@ def test_an_unscored_trajectory_is_an_error_not_a_zero_reward() -> None:
 
     batch, rejected, errors = asyncio.run(main())
     assert [g.sample for g in batch] == ["scored"] and rejected == {"error": 1} and "unscored" in errors[0]
+
+
+def test_close_cancels_the_groups_in_flight_without_counting_them_as_rejected() -> None:
+    """A run's summary is taken after close: the groups it cancels would otherwise count as stale there, while the
+    checkpoint taken before lists them to regenerate."""
+    cfg = ControllerConfig(batch_size=2, group_size=2, max_staleness=1, max_concurrent=4)
+    release = asyncio.Event()
+
+    async def episode(sample, k):
+        await release.wait()  # every group stays in flight until the test lets them go
+        return _traj(0, 0, float(k))
+
+    async def main():
+        ctl = RolloutController(cfg, iter([(i, f"q{i}") for i in range(100)]), episode)
+        ctl.start()
+        while len(ctl.inflight) < 4:
+            await asyncio.sleep(0.001)
+        state = ctl.state_dict()
+        await ctl.close()
+        return ctl, state
+
+    ctl, state = asyncio.run(main())
+    assert len(state["redo"]) == 4  # the checkpoint regenerates them
+    assert not ctl.inflight and sum(ctl.rejected.values()) == 0 and ctl.staleness.rejected == 0

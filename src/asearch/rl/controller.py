@@ -129,6 +129,7 @@ class RolloutController:
         self._wake = asyncio.Event()
         self._batch_ready = asyncio.Event()
         self._producer: asyncio.Task | None = None
+        self._closing = False
         self._idle_since: float | None = None
         self.idle_s = 0.0  # time with no group generating (the engine has nothing to do)
         self._t0 = time.perf_counter()
@@ -195,6 +196,9 @@ class RolloutController:
             for call in calls:
                 if inspect.iscoroutine(call) and inspect.getcoroutinestate(call) == inspect.CORO_CREATED:
                     call.close()
+        if cause == "stale" and self._closing:  # shut down, not stale: a checkpoint lists it to regenerate
+            self.inflight.pop(group.seq, None)
+            return
         # a settled probe is not a settled group (2 samples agree far more often than 8): the history skips it
         if self.sampler is not None and cause in (None, "zero_variance"):
             self.sampler.record(group.sample, group.rewards, [float(t.score or 0.0) for t in group.trajectories])
@@ -348,6 +352,9 @@ class RolloutController:
         }
 
     async def close(self) -> None:
+        """Stop producing and cancel the groups in flight; they are not counted as rejected (a checkpoint taken
+        before lists them to regenerate)."""
+        self._closing = True
         if self._producer:
             self._producer.cancel()
         for _, task in list(self.inflight.values()):
