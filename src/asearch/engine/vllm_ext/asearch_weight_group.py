@@ -95,13 +95,12 @@ class WeightGroup:
         self._pending.append(work)
         return work
 
-    def wait(self, works: Sequence[Any], on_done: Callable[[int], None] | None = None) -> None:
-        """Wait for `works` in order, calling `on_done(i)` as each finishes; raises WeightGroupError once the
-        group is aborted (`abort`, from another thread) or `op_timeout_s` pass without one finishing. A member
-        that died fails its peers' broadcasts at once, but a member that receives through it would otherwise
-        wait out the process group's timeout."""
+    def wait(self, works: Sequence[Any]) -> None:
+        """Wait for `works` in order; raises WeightGroupError once the group is aborted (`abort`, from another
+        thread) or `op_timeout_s` pass without one finishing. A member that died fails its peers' broadcasts at
+        once, but a member that receives through it would otherwise wait out the process group's timeout."""
         last_progress = time.monotonic()
-        for i, work in enumerate(works):
+        for work in works:
             while not work.is_completed():
                 if self._aborted.is_set() or self._abort_signalled():
                     raise WeightGroupError(f"weight group {self.name} was aborted")
@@ -112,8 +111,6 @@ class WeightGroup:
                 time.sleep(0.001)
             work.wait()  # raises the broadcast's own error (a peer's connection reset)
             last_progress = time.monotonic()
-            if on_done is not None:
-                on_done(i)
         self._pending = [w for w in self._pending if not w.is_completed()]
 
     def abort(self) -> None:
